@@ -1,0 +1,1 @@
+"""SpecLens: watch EAGLE / EAGLE-3 speculative decoding happen, one verification step at a time."""

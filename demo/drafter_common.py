@@ -1,0 +1,146 @@
+"""What the EAGLE and EAGLE-3 drafters share: their config, attention/MLP modules with the published
+parameter names, and the drafter contract the engine relies on.
+
+Drafter contract (duck-typed, vLLM's proposer verbs):
+- ``feature``: which target output it reads, "hidden" (final normed, EAGLE) or "aux" (EAGLE-3).
+- ``project(features) -> hidden``: turn target features into drafter-width input, once per step,
+  eagerly, before any captured region (EAGLE-3's fc; identity for EAGLE).
+- ``setup_cache(capacity)``: its own one-layer static KV cache and RoPE tables, sized to the
+  target's context (not the drafter's max_position_embeddings, vLLM #48894).
+- ``forward(tokens, positions, hidden) -> (logits, hidden_out)``: one pass of the draft layer;
+  slot i pairs token x[i+1] with feature h[i] at position i.
+- ``select(logits) -> target ids``: greedy draft token, mapped from the draft vocabulary (d2t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from demo.kv_cache import KVCache
+from demo.layers import causal_slot_mask, rms_norm, rope_inv_freq, rope_tables, swiglu_mlp
+
+
+@dataclass
+class DrafterConfig:
+    """A drafter's architecture, whatever layout it was read from."""
+
+    method: str  # "eagle" (EAGLE-1) or "eagle3"
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int  # the target's vocabulary
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    draft_vocab_size: int = 0  # 0: vocab_size (no d2t mapping)
+    target_hidden_size: int = 0  # 0: hidden_size
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0  # published EAGLE-3 Llama heads omit rope_theta: 10000, not the target's
+    rope_scaling: dict | None = None
+    aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3 feature layers; None: the target's default
+    fc_bias: bool = False  # EAGLE-1's `bias`
+    attention_bias: bool = False
+    norm_before_residual: bool = False  # speculators' EAGLE-3 variant: residual is hidden_norm(h)
+    own_embedding: bool = False  # checkpoint carries embed_tokens (needed when target_hidden_size differs)
+    warnings: list[str] = field(default_factory=list)  # shown to the user after loading
+
+    def __post_init__(self):
+        if self.method not in ("eagle", "eagle3"):
+            raise ValueError(f"unknown drafter method {self.method!r} (eagle or eagle3)")
+        self.head_dim = self.head_dim or self.hidden_size // self.num_heads
+        self.draft_vocab_size = self.draft_vocab_size or self.vocab_size
+        self.target_hidden_size = self.target_hidden_size or self.hidden_size
+        if self.aux_layer_ids is not None:
+            self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("warnings")
+        return d
+
+    @classmethod
+    def for_target(cls, method: str, target_config, **overrides) -> "DrafterConfig":
+        """A drafter shaped like one layer of the target (what this project trains)."""
+        c = target_config
+        base = dict(method=method, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                    num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                    vocab_size=c.vocab_size, rms_norm_eps=c.rms_norm_eps)
+        base.update(overrides)
+        return cls(**base)
+
+
+class RMSNorm(nn.Module):
+    """Weight-only RMSNorm with transformers' attribute names (weight, variance_epsilon)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.variance_epsilon)
+
+
+class DraftAttention(nn.Module):
+    """q/k/v/o projections named as in the published checkpoints; input width `in_size`."""
+
+    def __init__(self, cfg: DrafterConfig, in_size: int):
+        super().__init__()
+        nh, nkv, hd, bias = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias
+        self.q_proj = nn.Linear(in_size, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(in_size, nkv * hd, bias=bias)
+        self.v_proj = nn.Linear(in_size, nkv * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=False)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return swiglu_mlp(x, self.gate_proj, self.up_proj, self.down_proj)
+
+
+class DrafterBase(nn.Module):
+    """Cache, RoPE and shared-weight plumbing common to both drafters."""
+
+    feature = "hidden"
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if cfg.own_embedding else None
+        self._target_embed = None  # borrowed from the target, never saved with the drafter
+        self.cache: KVCache | None = None
+        self.cos = self.sin = None
+
+    def share_target(self, target) -> None:
+        """Borrow the target's embedding (and, for EAGLE-1, its lm_head) without copying."""
+        self._target_embed = target.embed
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (self.embed_tokens or self._target_embed)(tokens)
+
+    def setup_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        """One-layer KV cache and RoPE tables for `capacity` positions; idempotent."""
+        p = next(self.parameters())
+        cfg = self.cfg
+        if self.cache is None or self.cache.capacity < capacity or self.cache.k.shape[1] != batch:
+            self.cache = KVCache(1, batch, cfg.num_kv_heads, capacity, cfg.head_dim, p.dtype, p.device)
+            inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+            self.cos, self.sin = rope_tables(inv_freq, capacity, 1.0, p.dtype, p.device)
+        return self.cache
+
+    def rope_and_mask(self, positions: torch.Tensor):
+        # positions [B, q] -> cos, sin [B, 1, q, hd], mask [B, 1, q, S]
+        return (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1),
+                causal_slot_mask(positions, self.cache.capacity))
+
+    def select(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy draft ids in the target's vocabulary; logits [..., Vd] -> [...] int64."""
+        return logits.argmax(-1)

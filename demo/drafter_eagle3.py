@@ -1,0 +1,71 @@
+"""EAGLE-3 drafter: one decoder layer fed by fused target features, with its own draft vocabulary.
+
+- ``fc`` [H, 3*Ht] fuses the residual streams entering three target layers (low, mid, high); it
+  runs once per step in ``project``, eagerly, outside any captured region (vLLM #17504).
+- ``midlayer``: attention input is concat(input_layernorm(embedding), hidden_norm(hidden)) (2H
+  wide); the residual is the un-normed hidden (``norm_before_residual`` variants use the normed
+  one); post-attention norm and SwiGLU MLP as in Llama.
+- ``norm`` then ``lm_head`` [Vd, H] over the draft vocabulary; draft id i is target id
+  i + d2t[i] (``d2t`` holds offsets; ``t2d`` marks target ids present in the draft vocabulary).
+- Later draft steps feed back the layer's own pre-norm output instead of fc(features).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from demo.drafter_common import DraftAttention, DraftMLP, DrafterBase, DrafterConfig, RMSNorm
+from demo.layers import attention
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg, 2 * cfg.hidden_size)
+        self.mlp = DraftMLP(cfg)
+
+
+class Eagle3Drafter(DrafterBase):
+    feature = "aux"
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__(cfg)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = self.t2d = None
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H]."""
+        return self.fc(features)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor):
+        """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
+
+        tokens, positions: [B, q]; hidden: [B, q, H] -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
+        """
+        cfg, layer = self.cfg, self.midlayer
+        normed = layer.hidden_norm(hidden)
+        residual = normed if cfg.norm_before_residual else hidden
+        x = torch.cat((layer.input_layernorm(self.embed(tokens)), normed), dim=-1)  # [B, q, 2H]
+        cos, sin, mask = self.rope_and_mask(positions)
+        k_cache, v_cache = self.cache.layer(0)
+        att = layer.self_attn
+        h = residual + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads,
+                                 cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, positions, mask)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.lm_head(self.norm(h)), h
+
+    def select(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy draft token mapped to the target vocabulary: target id = draft id + d2t[draft id]."""
+        draft = logits.argmax(-1)
+        return draft if self.d2t is None else draft + self.d2t[draft]

@@ -1,0 +1,387 @@
+"""The speculative decoding engine: prefill, then one event per decoding step.
+
+Each step is propose -> verify -> account:
+
+1. propose (drafter): catch up on the tokens the last verification emitted, paired with the
+   target's features of the positions before them (token x[i+1] with feature h[i]), then chain
+   k-1 greedy single-token steps feeding back the drafter's own hidden state.
+2. verify (target): one forward over [last token, d_1..d_k] at k+1 positions, then the acceptance
+   rule of demo/sampling.py. Rejected positions stay in the caches and are overwritten later.
+3. account: one device-to-host read of the packed step result; demo/metrics.py counts it.
+
+Every per-step tensor lives in a persistent buffer (``StepBuffers``), so the same step functions
+run eagerly or replay CUDA graphs captured before the first request: graph mode changes nothing but
+time. The engine works on token ids and knows nothing of tokenizers or user interfaces.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from demo.metrics import AcceptanceStats
+from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from demo.target import Target
+
+MODES = ("eager", "cudagraph")
+METHODS = ("none", "eagle", "eagle3")
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 256
+    num_spec_tokens: int = 3  # k; ignored (0) when the engine has no drafter
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] | None = None  # None: the target's eos ids
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.top_k)
+
+
+@dataclass
+class StepEvent:
+    """What one decoding step did. Step 0 is the prefill, which emits the target's first token."""
+
+    step: int
+    draft_ids: list[int]  # the k proposed tokens (target vocabulary); [] at prefill or with no drafter
+    num_accepted: int  # leading drafts the target confirmed
+    token_ids: list[int]  # emitted: accepted drafts, then the target's own token (cut at stop/budget)
+    token_probs: list[float]  # each emitted token's probability under the target's distribution
+    resampled: bool  # T > 0 and the target's own token was drawn after a rejection
+    draft_ms: float
+    verify_ms: float  # prefill time at step 0
+    stats: AcceptanceStats  # running totals after this step (a snapshot)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" (a stop token) or "length"
+
+
+@dataclass
+class StepBuffers:
+    """Persistent tensors of one speculation depth k: every graph input and output lives here."""
+
+    k: int
+    verify_tokens: torch.Tensor  # [1, k+1] int64: the target's last token, then the drafts
+    verify_positions: torch.Tensor  # [1, k+1] int64
+    catch_tokens: torch.Tensor  # [1, k+1] int64: tokens emitted by the last verification (padded)
+    catch_positions: torch.Tensor  # [1, k+1] int64: the positions of the features they pair with
+    catch_hidden: torch.Tensor  # [1, k+1, Hd] drafter input after project()
+    catch_last: torch.Tensor  # [1] int64: index of the last emitted token (= accepted count)
+    draft_token: torch.Tensor  # [1, 1] int64: first draft of the chain
+    draft_hidden: torch.Tensor  # [1, 1, Hd]
+    draft_position: torch.Tensor  # [1, 1] int64
+    result: torch.Tensor  # [1 + 2(k+1) + k] float64: accepted, tokens, token probs, drafts
+    features: torch.Tensor | None = None  # [1, k+1, F] target features of the last verification
+    logits: torch.Tensor | None = None  # [1, k+1, V]
+    graphs: dict = field(default_factory=dict)  # name -> CapturedStep
+
+
+class CapturedStep:
+    """A step function over persistent buffers, captured once as a CUDA graph and replayed."""
+
+    def __init__(self, fn: Callable[[], object], pool, warmup: int = 2):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):  # also triggers torch.compile before capture
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.output = fn()
+        torch.cuda.synchronize()
+
+    def __call__(self):
+        self.graph.replay()
+        return self.output
+
+
+class Engine:
+    """Target plus optional drafter, run eagerly or from CUDA graphs captured before generation."""
+
+    def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool = False,
+                 max_context: int = 2048):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        if mode == "cudagraph" and target.device.type != "cuda":
+            raise ValueError("cudagraph mode needs a CUDA device; this engine runs on "
+                             f"{target.device.type} (use mode='eager')")
+        self.target = target
+        self.mode = mode
+        self.compile = compile
+        self.max_context = min(max_context, target.config.max_position_embeddings)
+        self.eos_token_ids = _eos_ids(target.hf)
+        self._buffers: dict[int, StepBuffers] = {}
+        self._pool = None
+        self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
+        self.target.setup_cache(self.max_context)
+        self.drafter = None
+        self.set_drafter(drafter)
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def method(self) -> str:
+        return "none" if self.drafter is None else self.drafter.cfg.method
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def set_drafter(self, drafter) -> None:
+        """Swap the drafter (or None for target-only) without reloading the target."""
+        self.drafter = drafter
+        self._buffers.clear()  # graphs close over the old drafter
+        if drafter is None:
+            return
+        drafter.share_target(self.target)
+        drafter.to(device=self.target.device, dtype=self.target.dtype).eval().requires_grad_(False)
+        if drafter.feature == "aux":
+            ids = drafter.cfg.aux_layer_ids or self.target.config.default_aux_layers()
+            self.target.set_aux_layers(ids)
+        drafter.setup_cache(self.max_context)
+
+    def describe(self) -> dict:
+        return {"method": self.method, "mode": self.mode + ("+compile" if self.compile else ""),
+                "device": str(self.device), "dtype": str(self.target.dtype).replace("torch.", ""),
+                "max_context": self.max_context}
+
+    def prepare(self, k: int) -> StepBuffers:
+        """Allocate the persistent buffers for depth k and, in cudagraph mode, capture every step
+        function now (never lazily in the middle of a generation)."""
+        k = k if self.drafter is not None else 0
+        if k in self._buffers:
+            return self._buffers[k]
+        dev, t = self.device, self.target
+        hd = self.drafter.cfg.hidden_size if self.drafter is not None else 1
+        zeros = lambda *s, dtype=torch.int64: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
+        b = StepBuffers(
+            k=k,
+            verify_tokens=zeros(1, k + 1),
+            verify_positions=torch.arange(k + 1, device=dev).view(1, -1),
+            catch_tokens=zeros(1, k + 1),
+            catch_positions=torch.arange(k + 1, device=dev).view(1, -1),
+            catch_hidden=zeros(1, k + 1, hd, dtype=t.dtype),
+            catch_last=zeros(1),
+            draft_token=zeros(1, 1),
+            draft_hidden=zeros(1, 1, hd, dtype=t.dtype),
+            draft_position=zeros(1, 1),
+            result=zeros(1 + 2 * (k + 1) + k, dtype=torch.float64),
+        )
+        self._buffers[k] = b
+        if self.mode == "cudagraph":
+            start = time.perf_counter()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            fns = {"verify": lambda: self._verify_forward(b)}
+            if self.drafter is not None:
+                fns["catch_up"] = lambda: self._catch_up(b)
+                fns["chain"] = lambda: self._chain(b)
+            for name, fn in fns.items():
+                b.graphs[name] = CapturedStep(self._maybe_compile(fn), self._pool)
+            self.capture_s += time.perf_counter() - start
+        return b
+
+    def _maybe_compile(self, fn):
+        return torch.compile(fn, fullgraph=True, dynamic=False) if self.compile else fn
+
+    # ------------------------------------------------------------------ step functions
+    # These read and write only persistent buffers and caches, and never sync with the host.
+    def _verify_forward(self, b: StepBuffers):
+        """Target forward over [last token, drafts]; returns (logits [1,k+1,V], features [1,k+1,F])."""
+        want_aux = self.drafter is not None and self.drafter.feature == "aux"
+        out = self.target.forward(b.verify_tokens, b.verify_positions, want_aux=want_aux)
+        return out.logits, (out.aux if want_aux else out.hidden)
+
+    def _catch_up(self, b: StepBuffers):
+        """Drafter pass over the k+1 slots of the last verification; keeps the row of the last
+        emitted token as the start of the chain. Rows after it write stale K/V that later steps
+        overwrite before any query can see them."""
+        logits, hidden = self.drafter.forward(b.catch_tokens, b.catch_positions, b.catch_hidden)
+        last = b.catch_last
+        b.draft_token.copy_(self.drafter.select(logits.index_select(1, last)))  # [1, 1]
+        b.draft_hidden.copy_(hidden.index_select(1, last))  # [1, 1, Hd]
+        b.draft_position.copy_(b.catch_positions.index_select(1, last) + 1)  # [1, 1]
+
+    def _chain(self, b: StepBuffers):
+        """k-1 greedy single-token draft steps from the chain start; drafts go to verify_tokens[1:]."""
+        token, hidden, position = b.draft_token, b.draft_hidden, b.draft_position
+        b.verify_tokens[:, 1:2].copy_(token)
+        for j in range(1, b.k):
+            logits, hidden = self.drafter.forward(token, position, hidden)
+            token = self.drafter.select(logits)  # [1, 1]
+            position = position + 1
+            b.verify_tokens[:, j + 1:j + 2].copy_(token)
+
+    def _run(self, b: StepBuffers, name: str, fn):
+        graph = b.graphs.get(name)
+        return graph() if graph is not None else fn()
+
+    def _accept(self, b: StepBuffers, logits: torch.Tensor, params: SamplingParams, generator):
+        """Acceptance test on the device; stages the next step's inputs and the packed result."""
+        k = b.k
+        drafts = b.verify_tokens[0, 1:]  # [k]
+        probs = target_probs(logits[0], params)  # [k+1, V]
+        if params.greedy:
+            n, tokens = verify_greedy(drafts, logits[0])
+        else:
+            n, tokens = verify_sampled(drafts, probs, generator)
+        token_probs = probs.gather(1, tokens.view(-1, 1)).view(-1)  # [k+1]
+        # the drafter next pairs these tokens with this verification's features, at its positions
+        b.catch_tokens[0].copy_(tokens)
+        b.catch_positions.copy_(b.verify_positions)
+        b.catch_last.copy_(n.view(1))
+        # the next verification starts from the target's own token, one past the last emitted
+        b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
+        b.verify_positions.add_(n + 1)
+        b.result.copy_(torch.cat((n.view(1).double(), tokens.double(), token_probs.double(), drafts.double())))
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], gen: GenerationConfig) -> Iterator[StepEvent]:
+        """Yield one StepEvent per decoding step (step 0: prefill). Engine time excludes the time
+        the consumer spends between events."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if gen.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        k = gen.num_spec_tokens if self.drafter is not None else 0
+        if self.drafter is not None and not 1 <= k <= 32:
+            raise ValueError(f"num_spec_tokens must be in 1..32, not {k}")
+        need = len(prompt_ids) + gen.max_new_tokens + k + 1
+        if need > self.max_context:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + k + 1 "
+                             f"= {need} exceeds the context of {self.max_context} tokens")
+        b = self.prepare(k)
+        params = gen.sampling
+        stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(gen.seed)
+        stats = AcceptanceStats(num_spec_tokens=k)
+        timer = _StepTimer(self.device)
+        clock = time.perf_counter()
+
+        # prefill: target over the prompt, first token, drafter over the prompt
+        timer.start()
+        first, first_prob = self._prefill(b, prompt_ids, params, generator)
+        timer.mark()
+        (prefill_ms,) = timer.read()
+        stats.observe_prefill(prefill_ms)
+        done = first in stop or gen.max_new_tokens == 1
+        reason = ("stop" if first in stop else "length") if done else None
+        stats.elapsed_s += time.perf_counter() - clock
+        yield StepEvent(0, [], 0, [first], [first_prob], False, 0.0, prefill_ms, stats.snapshot(), done, reason)
+        clock = time.perf_counter()
+        generated = 1
+        step = 0
+        while not done:
+            step += 1
+            timer.start()
+            if self.drafter is not None:
+                if step > 1:  # after the prefill the drafter has already caught up
+                    b.catch_hidden.copy_(self.drafter.project(b.features))
+                    self._run(b, "catch_up", lambda: self._catch_up(b))
+                self._run(b, "chain", lambda: self._chain(b))
+            timer.mark()
+            logits, features = self._run(b, "verify", lambda: self._verify_forward(b))
+            b.features = features
+            self._accept(b, logits, params, generator)
+            timer.mark()
+            packed = b.result.tolist()  # the one device-to-host sync of this step
+            draft_ms, verify_ms = timer.read()
+            n = int(packed[0])
+            tokens = [int(t) for t in packed[1:k + 2]][: n + 1]
+            probs = packed[k + 2: 2 * k + 3][: n + 1]
+            drafts = [int(t) for t in packed[2 * k + 3:]]
+            if k:
+                stats.observe_draft(k, n)
+            emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
+            generated += len(emitted)
+            done = reason is not None
+            stats.observe_step(len(emitted), draft_ms, verify_ms)
+            stats.elapsed_s += time.perf_counter() - clock
+            resampled = not params.greedy and n < k and len(emitted) == n + 1
+            yield StepEvent(step, drafts, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,
+                            stats.snapshot(), done, reason)
+            clock = time.perf_counter()
+
+    def _prefill(self, b: StepBuffers, prompt_ids: list[int], params: SamplingParams, generator):
+        """Fill both caches with the prompt; stage the first verification. Returns (token, prob)."""
+        dev, k = self.device, b.k
+        ids = torch.tensor([prompt_ids], dtype=torch.int64, device=dev)  # [1, P]
+        P = ids.shape[1]
+        positions = torch.arange(P, device=dev).view(1, -1)
+        want_aux = self.drafter is not None and self.drafter.feature == "aux"
+        out = self.target.forward(ids, positions, want_aux=want_aux, last_logits_only=True)
+        logits = out.logits[0, -1:]  # [1, V]
+        probs = target_probs(logits, params)
+        if params.greedy:
+            token = logits.argmax(-1)  # [1]
+        else:
+            token = verify_sampled(ids.new_zeros(0), probs, generator)[1]
+        b.verify_tokens[:, :1].copy_(token.view(1, 1))
+        b.verify_positions.copy_(torch.arange(P, P + k + 1, device=dev).view(1, -1))
+        if self.drafter is not None:
+            hidden = self.drafter.project(out.aux if want_aux else out.hidden)  # [1, P, Hd]
+            tokens = torch.cat((ids[:, 1:], token.view(1, 1)), dim=1)  # x[i+1] pairs with h[i]
+            d_logits, d_hidden = self.drafter.forward(tokens, positions, hidden)
+            b.draft_token.copy_(self.drafter.select(d_logits[:, -1:]))
+            b.draft_hidden.copy_(d_hidden[:, -1:])
+            b.draft_position.fill_(P)
+        first = int(token.item())  # the prefill's one host sync: the first token streams at once
+        return first, float(probs[0, first])
+
+
+def _cut(tokens: list[int], stop: set[int], budget: int) -> tuple[list[int], str | None]:
+    """Cut emitted tokens after the first stop token or at the token budget."""
+    for i, t in enumerate(tokens[:budget]):
+        if t in stop:
+            return tokens[: i + 1], "stop"
+    if len(tokens) >= budget:
+        return tokens[:budget], "length"
+    return tokens, None
+
+
+def _eos_ids(hf_model) -> tuple[int, ...]:
+    eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(hf_model.config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+class _StepTimer:
+    """Marks within a step: CUDA events on a GPU (read after the step's sync), wall clock on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def _now(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self):
+        self.marks = [self._now()]
+
+    def mark(self):
+        self.marks.append(self._now())
+
+    def read(self) -> list[float]:
+        """Milliseconds between consecutive marks; call after the step's host sync."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]

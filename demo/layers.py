@@ -1,0 +1,109 @@
+"""Functional Llama-family pieces shared by the target forward and the drafters.
+
+Plain eager PyTorch over weights owned elsewhere (transformers' modules or a drafter's nn.Linear):
+no graphs, no compilation, no hidden allocation beyond what each op returns. Shapes use
+B = batch, q = query tokens, S = cache slots, H = hidden, nh / nkv = heads, hd = head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32 and cast back, in transformers' LlamaRMSNorm order."""
+    # x: [..., H]; weight: [H]
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """Inverse frequencies for default, linear and llama3 RoPE (used for drafters' own configs)."""
+    # returns [hd // 2] float32
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+def rope_tables(inv_freq: torch.Tensor, max_positions: int, scale: float, dtype, device):
+    """cos/sin tables for positions [0, max_positions), each [S, hd], in transformers' layout."""
+    pos = torch.arange(max_positions, dtype=torch.float32, device=device)
+    freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float32))  # [S, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [S, hd]
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x by per-token angles (rotate-half convention)."""
+    # x: [B, n, q, hd]; cos, sin: [B, 1, q, hd]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def causal_slot_mask(positions: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Query at position p sees cache slots 0..p; stale slots beyond p (rejected drafts) are hidden."""
+    # positions: [B, q] -> mask [B, 1, q, S] bool
+    slots = torch.arange(num_slots, device=positions.device)
+    return (slots[None, None, None, :] <= positions[:, None, :, None])
+
+
+def attention(
+    x: torch.Tensor,  # [B, q, Din]
+    q_proj, k_proj, v_proj, o_proj,  # Linear-like modules (weight, optional bias)
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cos: torch.Tensor,  # [B, 1, q, hd]
+    sin: torch.Tensor,  # [B, 1, q, hd]
+    k_cache: torch.Tensor,  # [B, nkv, S, hd], written in place at `positions`
+    v_cache: torch.Tensor,  # [B, nkv, S, hd]
+    positions: torch.Tensor,  # [B, q] int64, also the cache slots
+    mask: torch.Tensor,  # [B, 1, q, S] bool
+    q_norm=None,  # Qwen3-style per-head RMSNorm modules (weight, variance_epsilon)
+    k_norm=None,
+) -> torch.Tensor:  # [B, q, H]
+    """Self-attention over a static cache: write this step's K/V at their positions, attend to all
+    slots the mask allows, project out."""
+    B, q, _ = x.shape
+    qs = q_proj(x).view(B, q, num_heads, head_dim)
+    ks = k_proj(x).view(B, q, num_kv_heads, head_dim)
+    vs = v_proj(x).view(B, q, num_kv_heads, head_dim)
+    if q_norm is not None:
+        qs = rms_norm(qs, q_norm.weight, q_norm.variance_epsilon)
+        ks = rms_norm(ks, k_norm.weight, k_norm.variance_epsilon)
+    qs = apply_rope(qs.transpose(1, 2), cos, sin)  # [B, nh, q, hd]
+    ks = apply_rope(ks.transpose(1, 2), cos, sin)  # [B, nkv, q, hd]
+    vs = vs.transpose(1, 2)
+    index = positions[:, None, :, None].expand(B, num_kv_heads, q, head_dim)
+    k_cache.scatter_(2, index, ks)
+    v_cache.scatter_(2, index, vs)
+    out = F.scaled_dot_product_attention(
+        qs, k_cache, v_cache, attn_mask=mask, enable_gqa=num_heads != num_kv_heads
+    )  # [B, nh, q, hd]
+    return o_proj(out.transpose(1, 2).reshape(B, q, num_heads * head_dim))
+
+
+def swiglu_mlp(x: torch.Tensor, gate_proj, up_proj, down_proj, act=F.silu) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)); x: [B, q, H] -> [B, q, H]."""
+    return down_proj(act(gate_proj(x)) * up_proj(x))

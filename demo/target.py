@@ -1,0 +1,161 @@
+"""The target's forward: a compact Llama-family decoder over the weights transformers loaded.
+
+No weight is copied: every op reads the parameters of the transformers model in place. The forward
+writes K/V into a static ``KVCache`` at explicit positions (so verification of k+1 tokens and
+rollback need no cache surgery), and returns what drafters read: the final normed hidden state
+(EAGLE) and the residual streams entering selected layers (EAGLE-3).
+
+Covers Llama 2/3.x (incl. llama3 RoPE scaling), Qwen2/2.5 (qkv bias), Qwen3 (q/k norms), Mistral
+without sliding windows, SmolLM2, tied or untied heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from demo.kv_cache import KVCache
+from demo.layers import attention, causal_slot_mask, rms_norm, rope_tables, swiglu_mlp
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+@dataclass
+class TargetConfig:
+    """The few numbers the forward needs, read from a transformers config."""
+
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hidden_act: str = "silu"
+
+    @classmethod
+    def from_hf(cls, cfg) -> "TargetConfig":
+        model_type = getattr(cfg, "model_type", "llama")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"target model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        if model_type == "mistral" and getattr(cfg, "sliding_window", None):
+            if cfg.sliding_window < cfg.max_position_embeddings:
+                raise ValueError(f"Mistral sliding_window={cfg.sliding_window} is not supported")
+        heads = cfg.num_attention_heads
+        return cls(
+            model_type=model_type,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            vocab_size=cfg.vocab_size,
+            rms_norm_eps=cfg.rms_norm_eps,
+            max_position_embeddings=cfg.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            hidden_act=getattr(cfg, "hidden_act", "silu"),
+        )
+
+    def default_aux_layers(self) -> tuple[int, int, int]:
+        """EAGLE-3's default feature layers: the residual streams entering layers 2, L//2, L-3."""
+        L = self.num_layers
+        return (2, L // 2, L - 3)
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, q, V] (or [B, 1, V] when only the last row was asked for)
+    hidden: torch.Tensor  # [B, q, H] final hidden after the last norm (EAGLE-1 feature)
+    aux: torch.Tensor | None  # [B, q, len(aux_layers) * H] residual streams entering aux layers
+
+
+class Target:
+    """Forward over a transformers Llama-family CausalLM's weights, with a static KV cache."""
+
+    def __init__(self, hf_model, aux_layers: tuple[int, ...] | None = None):
+        self.hf = hf_model
+        self.config = TargetConfig.from_hf(hf_model.config)
+        inner = hf_model.model
+        self.embed = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.lm_head = hf_model.lm_head  # tied heads share the embedding's storage
+        self.act = _activation(self.config.hidden_act)
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq  # transformers computed it for the config's RoPE type
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.aux_layers = tuple(aux_layers) if aux_layers is not None else self.config.default_aux_layers()
+        self.cache: KVCache | None = None
+        self.cos = self.sin = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def set_aux_layers(self, layers: tuple[int, ...]) -> None:
+        """Choose which residual streams the forward returns (a drafter's eagle_aux_hidden_state_layer_ids)."""
+        for i in layers:
+            if not 0 <= i <= self.config.num_layers:
+                raise ValueError(f"aux layer id {i} is outside the target's layers 0..{self.config.num_layers}")
+        self.aux_layers = tuple(layers)
+
+    def setup_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        """Allocate the KV cache and RoPE tables once; a no-op when the current ones are big enough."""
+        c = self.config
+        if self.cache is None or self.cache.capacity < capacity or self.cache.k.shape[1] != batch:
+            self.cache = KVCache(c.num_layers, batch, c.num_kv_heads, capacity, c.head_dim, self.dtype, self.device)
+            self.cos, self.sin = rope_tables(self.inv_freq, capacity, self.rope_scale, self.dtype, self.device)
+        return self.cache
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, want_aux: bool = True,
+                last_logits_only: bool = False) -> TargetOutput:
+        """Run tokens at positions through the decoder, writing their K/V into the cache.
+
+        No blocking CPU operation happens here: it is captured as a CUDA graph as it stands.
+        """
+        # tokens, positions: [B, q] int64
+        c, cache = self.config, self.cache
+        x = self.embed(tokens)  # [B, q, H]
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, q, hd]
+        sin = self.sin[positions].unsqueeze(1)
+        mask = causal_slot_mask(positions, cache.capacity)  # [B, 1, q, S]
+        streams = {}  # layer id -> residual stream entering it
+        for i, layer in enumerate(self.layers):
+            if want_aux and i in self.aux_layers:
+                streams[i] = x
+            att = layer.self_attn
+            k_cache, v_cache = cache.layer(i)
+            h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+            x = x + attention(
+                h, att.q_proj, att.k_proj, att.v_proj, att.o_proj, c.num_heads, c.num_kv_heads, c.head_dim,
+                cos, sin, k_cache, v_cache, positions, mask,
+                getattr(att, "q_norm", None), getattr(att, "k_norm", None),
+            )
+            h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+            x = x + swiglu_mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, self.act)
+        if want_aux and c.num_layers in self.aux_layers:
+            streams[c.num_layers] = x  # id L: the last layer's output before the final norm
+        hidden = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)  # [B, q, H]
+        logits = self.lm_head(hidden[:, -1:] if last_logits_only else hidden)
+        return TargetOutput(logits=logits, hidden=hidden, aux=torch.cat([streams[i] for i in self.aux_layers], dim=-1) if want_aux else None)
+
+
+def _activation(name: str):
+    if name == "silu":
+        return F.silu
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
