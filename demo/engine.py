@@ -34,7 +34,8 @@ METHODS = ("none", "eagle", "eagle3")
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 256
-    num_spec_tokens: int = 3  # k; ignored (0) when the engine has no drafter
+    num_spec_tokens: int = 3  # k; 0 when the engine has no drafter or speculate is False
+    speculate: bool = True  # False: target-only decoding (method "none") through the same engine
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -123,6 +124,7 @@ class Engine:
         self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
         self.target.setup_cache(self.max_context)
         self.drafter = None
+        self.aux_layers: tuple[int, ...] = ()  # target feature layers the drafter reads (EAGLE-3)
         self.set_drafter(drafter)
 
     # ------------------------------------------------------------------ setup
@@ -130,21 +132,29 @@ class Engine:
     def method(self) -> str:
         return "none" if self.drafter is None else self.drafter.cfg.method
 
+    def _features_of(self, k: int) -> tuple[int, ...] | None:
+        """Which target features a step of depth k needs: aux layer ids, () for the final hidden,
+        None for none (target-only)."""
+        if k == 0:
+            return None
+        return self.aux_layers if self.drafter.feature == "aux" else ()
+
     @property
     def device(self) -> torch.device:
         return self.target.device
 
     def set_drafter(self, drafter) -> None:
         """Swap the drafter (or None for target-only) without reloading the target."""
-        self.drafter = drafter
-        self._buffers.clear()  # graphs close over the old drafter
+        aux = ()
+        if drafter is not None and drafter.feature == "aux":
+            aux = tuple(drafter.cfg.aux_layer_ids or self.target.config.default_aux_layers())
+            self.target.check_aux_layers(aux)
+        self.drafter, self.aux_layers = drafter, aux
+        self._buffers = {k: b for k, b in self._buffers.items() if k == 0}  # drafter graphs are stale
         if drafter is None:
             return
         drafter.share_target(self.target)
         drafter.to(device=self.target.device, dtype=self.target.dtype).eval().requires_grad_(False)
-        if drafter.feature == "aux":
-            ids = drafter.cfg.aux_layer_ids or self.target.config.default_aux_layers()
-            self.target.set_aux_layers(ids)
         drafter.setup_cache(self.max_context)
 
     def describe(self) -> dict:
@@ -155,11 +165,10 @@ class Engine:
     def prepare(self, k: int) -> StepBuffers:
         """Allocate the persistent buffers for depth k and, in cudagraph mode, capture every step
         function now (never lazily in the middle of a generation)."""
-        k = k if self.drafter is not None else 0
         if k in self._buffers:
             return self._buffers[k]
         dev, t = self.device, self.target
-        hd = self.drafter.cfg.hidden_size if self.drafter is not None else 1
+        hd = self.drafter.cfg.hidden_size if k else 1
         zeros = lambda *s, dtype=torch.int64: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
         b = StepBuffers(
             k=k,
@@ -180,7 +189,7 @@ class Engine:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             fns = {"verify": lambda: self._verify_forward(b)}
-            if self.drafter is not None:
+            if k > 0:
                 fns["catch_up"] = lambda: self._catch_up(b)
                 fns["chain"] = lambda: self._chain(b)
             for name, fn in fns.items():
@@ -195,9 +204,9 @@ class Engine:
     # These read and write only persistent buffers and caches, and never sync with the host.
     def _verify_forward(self, b: StepBuffers):
         """Target forward over [last token, drafts]; returns (logits [1,k+1,V], features [1,k+1,F])."""
-        want_aux = self.drafter is not None and self.drafter.feature == "aux"
-        out = self.target.forward(b.verify_tokens, b.verify_positions, want_aux=want_aux)
-        return out.logits, (out.aux if want_aux else out.hidden)
+        feats = self._features_of(b.k)
+        out = self.target.forward(b.verify_tokens, b.verify_positions, aux_layers=feats or ())
+        return out.logits, (out.aux if feats else out.hidden)
 
     def _catch_up(self, b: StepBuffers):
         """Drafter pass over the k+1 slots of the last verification; keeps the row of the last
@@ -251,8 +260,8 @@ class Engine:
             raise ValueError("the prompt is empty")
         if gen.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        k = gen.num_spec_tokens if self.drafter is not None else 0
-        if self.drafter is not None and not 1 <= k <= 32:
+        k = gen.num_spec_tokens if self.drafter is not None and gen.speculate else 0
+        if k and not 1 <= k <= 32:
             raise ValueError(f"num_spec_tokens must be in 1..32, not {k}")
         need = len(prompt_ids) + gen.max_new_tokens + k + 1
         if need > self.max_context:
@@ -285,7 +294,7 @@ class Engine:
         while not done:
             step += 1
             timer.start()
-            if self.drafter is not None:
+            if k:
                 if step > 1:  # after the prefill the drafter has already caught up
                     b.catch_hidden.copy_(self.drafter.project(b.features))
                     self._run(b, "catch_up", lambda: self._catch_up(b))
@@ -319,8 +328,8 @@ class Engine:
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=dev)  # [1, P]
         P = ids.shape[1]
         positions = torch.arange(P, device=dev).view(1, -1)
-        want_aux = self.drafter is not None and self.drafter.feature == "aux"
-        out = self.target.forward(ids, positions, want_aux=want_aux, last_logits_only=True)
+        feats = self._features_of(k)
+        out = self.target.forward(ids, positions, aux_layers=feats or (), last_logits_only=True)
         logits = out.logits[0, -1:]  # [1, V]
         probs = target_probs(logits, params)
         if params.greedy:
@@ -329,8 +338,8 @@ class Engine:
             token = verify_sampled(ids.new_zeros(0), probs, generator)[1]
         b.verify_tokens[:, :1].copy_(token.view(1, 1))
         b.verify_positions.copy_(torch.arange(P, P + k + 1, device=dev).view(1, -1))
-        if self.drafter is not None:
-            hidden = self.drafter.project(out.aux if want_aux else out.hidden)  # [1, P, Hd]
+        if k:
+            hidden = self.drafter.project(out.aux if feats else out.hidden)  # [1, P, Hd]
             tokens = torch.cat((ids[:, 1:], token.view(1, 1)), dim=1)  # x[i+1] pairs with h[i]
             d_logits, d_hidden = self.drafter.forward(tokens, positions, hidden)
             b.draft_token.copy_(self.drafter.select(d_logits[:, -1:]))

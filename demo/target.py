@@ -81,7 +81,7 @@ class TargetOutput:
 class Target:
     """Forward over a transformers Llama-family CausalLM's weights, with a static KV cache."""
 
-    def __init__(self, hf_model, aux_layers: tuple[int, ...] | None = None):
+    def __init__(self, hf_model):
         self.hf = hf_model
         self.config = TargetConfig.from_hf(hf_model.config)
         inner = hf_model.model
@@ -93,7 +93,6 @@ class Target:
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq  # transformers computed it for the config's RoPE type
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self.aux_layers = tuple(aux_layers) if aux_layers is not None else self.config.default_aux_layers()
         self.cache: KVCache | None = None
         self.cos = self.sin = None
 
@@ -105,12 +104,11 @@ class Target:
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def set_aux_layers(self, layers: tuple[int, ...]) -> None:
-        """Choose which residual streams the forward returns (a drafter's eagle_aux_hidden_state_layer_ids)."""
+    def check_aux_layers(self, layers: tuple[int, ...]) -> None:
+        """Refuse feature layer ids the target does not have (id L is the last layer's output)."""
         for i in layers:
             if not 0 <= i <= self.config.num_layers:
                 raise ValueError(f"aux layer id {i} is outside the target's layers 0..{self.config.num_layers}")
-        self.aux_layers = tuple(layers)
 
     def setup_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """Allocate the KV cache and RoPE tables once; a no-op when the current ones are big enough."""
@@ -120,9 +118,10 @@ class Target:
             self.cos, self.sin = rope_tables(self.inv_freq, capacity, self.rope_scale, self.dtype, self.device)
         return self.cache
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, want_aux: bool = True,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, aux_layers: tuple[int, ...] = (),
                 last_logits_only: bool = False) -> TargetOutput:
-        """Run tokens at positions through the decoder, writing their K/V into the cache.
+        """Run tokens at positions through the decoder, writing their K/V into the cache. `aux_layers`
+        names the residual streams to return (id i: the stream entering layer i), in that order.
 
         No blocking CPU operation happens here: it is captured as a CUDA graph as it stands.
         """
@@ -134,7 +133,7 @@ class Target:
         mask = causal_slot_mask(positions, cache.capacity)  # [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
         for i, layer in enumerate(self.layers):
-            if want_aux and i in self.aux_layers:
+            if i in aux_layers:
                 streams[i] = x
             att = layer.self_attn
             k_cache, v_cache = cache.layer(i)
@@ -146,11 +145,11 @@ class Target:
             )
             h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
             x = x + swiglu_mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, self.act)
-        if want_aux and c.num_layers in self.aux_layers:
+        if c.num_layers in aux_layers:
             streams[c.num_layers] = x  # id L: the last layer's output before the final norm
         hidden = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)  # [B, q, H]
         logits = self.lm_head(hidden[:, -1:] if last_logits_only else hidden)
-        return TargetOutput(logits=logits, hidden=hidden, aux=torch.cat([streams[i] for i in self.aux_layers], dim=-1) if want_aux else None)
+        return TargetOutput(logits=logits, hidden=hidden, aux=torch.cat([streams[i] for i in aux_layers], dim=-1) if aux_layers else None)
 
 
 def _activation(name: str):
