@@ -1,0 +1,341 @@
+"""Benchmark CLI: acceptance, speed and losslessness of speculative decoding over a prompt set.
+
+    python -m demo.bench --method eagle3 --num-spec-tokens 3 --prompts assets/prompts/questions.jsonl \
+        --check-lossless --json out.json
+
+Prompts are MT-bench / Spec-Bench question rows ({"question_id", "category", "turns"}), formatted
+with the target's chat template. Every prompt is decoded by the same engine the app uses; totals
+merge the per-prompt ``AcceptanceStats`` and print vLLM's acceptance table
+(examples/offline_inference/spec_decode.py), then tokens/s and propose/verify time per step.
+Warm-up generations (graph capture, compilation) are timed apart and not counted, as in gpt-fast.
+``--check-lossless`` also decodes every prompt target-only (greedy, through the same engine) and
+compares the tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "questions.jsonl"
+WARMUP_MAX_NEW_TOKENS = 16  # enough to capture and compile every step function; kept short for CPU runs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the command line; no model is touched here."""
+    p = argparse.ArgumentParser(prog="python -m demo.bench", description=__doc__.split("\n\n")[0])
+    m = p.add_argument_group("models")
+    m.add_argument("--target", default="default",
+                   help="'default' (embedded SmolLM2-135M-Instruct), a local directory or a hub id")
+    m.add_argument("--drafter", default=None,
+                   help="drafter directory or hub id (default: the bundled drafter of --method, default target only)")
+    m.add_argument("--method", choices=("eagle", "eagle3", "none"), default="eagle3",
+                   help="drafter family; 'none' decodes with the target alone")
+    m.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="draft tokens per step (k)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
+    e.add_argument("--compile", action="store_true", help="torch.compile the captured steps (cudagraph mode)")
+    e.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    e.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="auto: bfloat16 on CUDA, float32 on CPU")
+    e.add_argument("--max-context", type=int, default=2048, help="engine context (prompt + new tokens + k + 1)")
+    g = p.add_argument_group("generation")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    q = p.add_argument_group("prompts")
+    src = q.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="one prompt text")
+    src.add_argument("--prompts", default=None,
+                     help=f"JSONL questions (MT-bench format; default {DEFAULT_PROMPTS.relative_to(DEFAULT_PROMPTS.parents[2])})")
+    q.add_argument("--num-prompts", type=int, default=None, help="use the first N questions")
+    q.add_argument("--all-turns", action="store_true",
+                   help="answer every turn, continuing with the model's own answers (default: first turn only)")
+    o = p.add_argument_group("run and report")
+    o.add_argument("--warmup", type=int, default=1, help="uncounted warm-up generations (capture/compile happen here)")
+    o.add_argument("--check-lossless", action="store_true",
+                   help="also decode target-only and compare tokens (greedy only)")
+    o.add_argument("--json", default=None, metavar="OUT", help="write per-prompt records and totals here")
+    args = p.parse_args(argv)
+
+    if args.method != "none" and not 1 <= args.num_spec_tokens <= 32:
+        p.error(f"--num-spec-tokens must be in 1..32, not {args.num_spec_tokens}")
+    if args.method == "none" and args.drafter:
+        p.error("--drafter has no use with --method none")
+    if args.method != "none" and args.drafter is None and args.target != "default":
+        p.error(f"--drafter is required for target {args.target!r}: bundled drafters are trained for the default target")
+    if args.compile and args.mode != "cudagraph":
+        p.error("--compile compiles the captured step functions: use it with --mode cudagraph")
+    if args.temperature < 0:
+        p.error(f"--temperature must be >= 0, not {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        p.error(f"--top-p must be in (0, 1], not {args.top_p}")
+    if args.check_lossless and args.temperature > 0:
+        p.error("--check-lossless compares greedy decodes token for token: it needs --temperature 0 "
+                "(sampled outputs are lossless in distribution, not token for token)")
+    if args.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        p.error(f"--num-prompts must be at least 1, not {args.num_prompts}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, not {args.warmup}")
+    if args.max_context < 2:
+        p.error(f"--max-context must be at least 2, not {args.max_context}")
+    return args
+
+
+def drafter_spec(args: argparse.Namespace) -> str | None:
+    """The drafter to load: --drafter, else the bundled one for --method (None for 'none')."""
+    if args.method == "none":
+        return None
+    if args.drafter:
+        return args.drafter
+    from demo.presets import bundled_drafter_dir
+
+    return str(bundled_drafter_dir(args.method))
+
+
+def build_engine(args: argparse.Namespace):
+    """Load the target and drafter and build the engine; returns (engine, tokenizer).
+    Raises LoadError / DrafterLoadError / ValueError with a one-line reason."""
+    import torch
+
+    from demo.engine import Engine
+    from demo.loading import load_target
+    from demo.target import Target
+
+    if args.mode == "cudagraph" and (args.device == "cpu" or not torch.cuda.is_available()):
+        where = "--device cpu was chosen" if args.device == "cpu" else "this machine has no CUDA device"
+        raise ValueError(f"--mode cudagraph needs a CUDA device, but {where} (use --mode eager)")
+    spec = drafter_spec(args)
+    hf, tokenizer = load_target(args.target, device=args.device, dtype=args.dtype)
+    target = Target(hf)
+    drafter = None
+    if spec is not None:
+        from demo.checkpoints import load_drafter
+
+        drafter = load_drafter(spec, target)
+        if drafter.cfg.method != args.method:
+            raise ValueError(f"drafter {spec!r} is an {drafter.cfg.method} drafter, but --method is {args.method}")
+    engine = Engine(target, drafter, mode=args.mode, compile=args.compile, max_context=args.max_context)
+    return engine, tokenizer
+
+
+def load_questions(args: argparse.Namespace) -> list[dict]:
+    from demo.prompts import read_questions
+
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise ValueError("--prompt is empty")
+        rows = [{"question_id": "prompt", "category": "custom", "turns": [args.prompt]}]
+    else:
+        path = Path(args.prompts) if args.prompts else DEFAULT_PROMPTS
+        if not path.is_file():
+            raise ValueError(f"prompt file {str(path)!r} does not exist")
+        try:
+            rows = read_questions(path)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSONL ({e})") from e
+        if not rows:
+            raise ValueError(f"prompt file {str(path)!r} has no questions")
+    return rows[: args.num_prompts] if args.num_prompts else rows
+
+
+def generation_config(args: argparse.Namespace, speculate: bool = True, max_new_tokens: int | None = None):
+    from demo.engine import GenerationConfig
+
+    return GenerationConfig(max_new_tokens=max_new_tokens or args.max_new_tokens,
+                            num_spec_tokens=args.num_spec_tokens if args.method != "none" else 0,
+                            speculate=speculate and args.method != "none", temperature=args.temperature,
+                            top_p=args.top_p, seed=args.seed)
+
+
+def decode(engine, prompt_ids: list[int], gen):
+    """Run one generation to the end; returns (generated token ids, final AcceptanceStats)."""
+    tokens, stats = [], None
+    for event in engine.generate(prompt_ids, gen):
+        tokens += event.token_ids
+        stats = event.stats
+    return tokens, stats
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token of two decodes (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def warm_up(engine, tokenizer, questions: list[dict], args: argparse.Namespace) -> float:
+    """Uncounted generations of the first prompt (spec and, if checked, target-only); returns seconds."""
+    if not args.warmup:
+        return 0.0
+    from demo.prompts import chat_ids
+
+    ids = chat_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
+    budget = min(args.max_new_tokens, WARMUP_MAX_NEW_TOKENS)
+    start = time.perf_counter()
+    for _ in range(args.warmup):
+        decode(engine, ids, generation_config(args, max_new_tokens=budget))
+        if args.check_lossless and args.method != "none":
+            decode(engine, ids, generation_config(args, speculate=False, max_new_tokens=budget))
+    return time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Load, warm up, decode every prompt; returns the report (records and totals), JSON-ready."""
+    from tqdm import tqdm
+
+    from demo.metrics import AcceptanceStats
+    from demo.prompts import chat_ids
+
+    questions = load_questions(args)
+    engine, tokenizer = build_engine(args)
+    warmup_s = warm_up(engine, tokenizer, questions, args)
+    k = args.num_spec_tokens if args.method != "none" else 0
+    totals = AcceptanceStats(num_spec_tokens=k)
+    baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
+    records = []
+    for q in tqdm(questions, desc="prompts", unit="prompt", file=sys.stderr, disable=None):
+        messages = []
+        for turn, text in enumerate(q["turns"] if args.all_turns else q["turns"][:1], 1):
+            messages.append({"role": "user", "content": text})
+            ids = chat_ids(tokenizer, messages)
+            tokens, stats = decode(engine, ids, generation_config(args))
+            totals.merge(stats)
+            answer = tokenizer.decode(tokens, skip_special_tokens=True)
+            record = {"question_id": q.get("question_id"), "category": q.get("category"), "turn": turn,
+                      "prompt_tokens": len(ids), "generated_tokens": len(tokens), "text": answer,
+                      "stats": stats.summary()}
+            if args.check_lossless:
+                if k:
+                    reference, ref_stats = decode(engine, ids, generation_config(args, speculate=False))
+                else:  # --method none: the decode above is already target-only
+                    reference, ref_stats = tokens, stats
+                baseline.merge(ref_stats)
+                diff = first_difference(tokens, reference)
+                record["lossless"] = {"identical": diff is None, "first_difference": diff,
+                                      "target_only_tokens": len(reference)}
+            records.append(record)
+            messages.append({"role": "assistant", "content": answer})
+    report = {"records": records,
+              "totals": {"config": describe_config(args, engine), "num_prompts": len(records),
+                         "summary": totals.summary(), "counts": asdict(totals), "warmup_s": warmup_s,
+                         "capture_s": engine.capture_s}}
+    if args.check_lossless:
+        report["totals"]["lossless"] = lossless_totals(records)
+        report["totals"]["target_only"] = baseline.summary()
+    return report
+
+
+def lossless_totals(records: list[dict]) -> dict:
+    diverged = [r for r in records if not r["lossless"]["identical"]]
+    first = diverged[0] if diverged else None
+    return {"identical": len(records) - len(diverged), "total": len(records),
+            "first_divergence": None if first is None else {
+                "question_id": first["question_id"], "turn": first["turn"],
+                "position": first["lossless"]["first_difference"]}}
+
+
+def describe_config(args: argparse.Namespace, engine) -> dict:
+    import torch
+    import transformers
+
+    from demo.loading import DEFAULT_TARGET_NAME
+
+    dev = engine.device
+    return {"target": args.target, "target_name": DEFAULT_TARGET_NAME if args.target == "default" else args.target,
+            "drafter": drafter_spec(args), "method": args.method,
+            "k": args.num_spec_tokens if args.method != "none" else 0, "mode": args.mode, "compile": args.compile,
+            "device": str(dev), "dtype": str(engine.target.dtype).replace("torch.", ""),
+            "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
+            "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+            "prompts": args.prompts or (None if args.prompt is not None else str(DEFAULT_PROMPTS)),
+            "all_turns": args.all_turns, "warmup": args.warmup, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None}
+
+
+def format_report(report: dict) -> str:
+    """The text main prints; ends with the acceptance table, then tokens/s and ms per step."""
+    from demo.metrics import AcceptanceStats
+
+    t, c = report["totals"], report["totals"]["config"]
+    stats = AcceptanceStats(**t["counts"])
+    drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
+    mode = c["mode"] + ("+compile" if c["compile"] else "")
+    lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
+             f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
+             f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",
+             f"warm-up: {c['warmup']} generation(s) in {t['warmup_s']:.2f} s "
+             f"(graph capture/compile {t['capture_s']:.2f} s), not counted"]
+    if "lossless" in t:
+        ll = t["lossless"]
+        if ll["first_divergence"] is None:
+            lines.append(f"lossless: identical ({ll['identical']}/{ll['total']} prompts)")
+        else:
+            d = ll["first_divergence"]
+            lines.append(f"lossless: diverged ({ll['total'] - ll['identical']}/{ll['total']} prompts differ; first: "
+                         f"question {d['question_id']} turn {d['turn']} at generated token {d['position']})")
+        if c["k"]:
+            base = t["target_only"]["tokens_per_s"]
+            speedup = f", speedup {stats.tokens_per_s / base:.2f}x" if base > 0 else ""
+            lines.append(f"target-only: {base:.1f} tokens/s{speedup}")
+    lines.append(stats.format_table())
+    lines.append(f"tokens/s: {stats.tokens_per_s:.1f} ({stats.num_generated} tokens in {stats.elapsed_s:.2f} s "
+                 "of engine time)")
+    lines.append(f"propose: {stats.mean_draft_ms:.2f} ms/step, verify: {stats.mean_verify_ms:.2f} ms/step "
+                 f"({stats.num_steps} steps; prefill {stats.prefill_ms / max(t['num_prompts'], 1):.2f} ms/prompt)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the bench; returns the exit code (0 ok, 1 with a one-line reason, 2 bad arguments)."""
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # argparse has printed its usage and reason
+        return int(e.code or 0)
+    from demo.loading import LoadError
+
+    errors = (LoadError, ValueError, _drafter_load_error())
+    try:
+        report = run(args)
+    except errors as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(format_report(report))
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        except OSError as e:
+            print(f"error: could not write --json {args.json}: {_one_line(e)}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _drafter_load_error() -> type[Exception]:
+    try:
+        from demo.checkpoints import DrafterLoadError
+    except ImportError:  # checkpoints not available: nothing to catch beyond LoadError/ValueError
+        return ValueError
+    return DrafterLoadError
+
+
+def _one_line(e: Exception) -> str:
+    s = " ".join(str(e).split())
+    return s or type(e).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
