@@ -1,0 +1,138 @@
+"""Speculative decoding at T=0 emits exactly what greedy decoding of the target emits."""
+
+import pytest
+import torch
+
+from demo.engine import Engine, GenerationConfig
+from demo.target import Target
+from tests.models import OracleDrafter, random_drafter, tiny_hf
+
+PROMPT = [1, 17, 99, 4, 250, 31, 8]
+
+
+def hf_greedy(hf, prompt, max_new, eos=None):
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                      pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def run(engine, prompt, **gen):
+    events = list(engine.generate(prompt, GenerationConfig(**gen)))
+    return [t for e in events for t in e.token_ids], events
+
+
+def make_drafter(method, target, table):
+    if method == "oracle":
+        corrupted = list(table)
+        for i in range(len(PROMPT) + 3, len(corrupted), 5):  # every 5th token wrong: uneven accepts
+            corrupted[i] = (corrupted[i] + 1) % 256
+        return OracleDrafter(corrupted, 256, target.config.hidden_size)
+    if method == "none":
+        return None
+    return random_drafter(method, target, draft_vocab_size=128 if method == "eagle3" else 0)
+
+
+@pytest.mark.parametrize("method", ["none", "eagle", "eagle3", "oracle"])
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_spec_matches_transformers_generate_to_max_length(method, k):
+    hf = tiny_hf("llama")
+    ref = hf_greedy(hf, PROMPT, 40)
+    target = Target(hf)
+    engine = Engine(target, make_drafter(method, target, PROMPT + ref), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=40, num_spec_tokens=k, stop_token_ids=())
+    assert tokens == ref
+    assert events[-1].finished and events[-1].finish_reason == "length"
+    assert all(e.num_accepted <= k for e in events)
+
+
+@pytest.mark.parametrize("method", ["none", "eagle", "eagle3", "oracle"])
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_spec_matches_transformers_generate_ending_on_eos(method, k):
+    hf = tiny_hf("qwen2", seed=3)
+    free = hf_greedy(hf, PROMPT, 40)
+    eos = free[17]  # pretend the 18th token is the end of sequence
+    ref = hf_greedy(hf, PROMPT, 40, eos=eos)
+    assert ref[-1] == eos and len(ref) <= 18
+    target = Target(hf)
+    engine = Engine(target, make_drafter(method, target, PROMPT + free), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=40, num_spec_tokens=k, stop_token_ids=(eos,))
+    assert tokens == ref
+    assert events[-1].finish_reason == "stop"
+
+
+def test_oracle_drafter_is_accepted_and_counted():
+    hf = tiny_hf("llama")
+    ref = hf_greedy(hf, PROMPT, 30)
+    target = Target(hf)
+    engine = Engine(target, OracleDrafter(PROMPT + ref, 256, 64), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=30, num_spec_tokens=4, stop_token_ids=())
+    # a perfect drafter: every step accepts all 4 drafts and adds the bonus token
+    assert tokens == ref
+    assert [e.num_accepted for e in events[1:-1]] == [4] * (len(events) - 2)
+    stats = events[-1].stats
+    assert stats.num_generated == 30
+    assert stats.mean_acceptance_length == pytest.approx(1 + stats.num_accepted_tokens / stats.num_drafts)
+
+
+def test_target_only_through_a_speculative_engine_matches_generate():
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    engine = Engine(target, random_drafter("eagle3", target), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=20, num_spec_tokens=3, speculate=False,
+                         stop_token_ids=())
+    assert tokens == hf_greedy(hf, PROMPT, 20)
+    assert all(e.draft_ids == [] for e in events) and events[-1].stats.num_drafts == 0
+
+
+def test_drafter_swap_keeps_output_identical():
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    engine = Engine(target, random_drafter("eagle", target), max_context=128)
+    first, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
+    engine.set_drafter(random_drafter("eagle3", target, draft_vocab_size=128))
+    second, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
+    assert first == second == hf_greedy(hf, PROMPT, 16, eos=2)[: len(first)]
+
+
+def test_events_stream_one_step_at_a_time_with_timings():
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    engine = Engine(target, random_drafter("eagle", target), max_context=128)
+    _, events = run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=2, stop_token_ids=())
+    assert events[0].step == 0 and events[0].draft_ids == [] and len(events[0].token_ids) == 1
+    for e in events[1:]:
+        assert len(e.draft_ids) == 2 and 1 <= len(e.token_ids) <= 3
+        assert e.draft_ms >= 0 and e.verify_ms > 0
+        assert len(e.token_probs) == len(e.token_ids) and all(0 < p <= 1 for p in e.token_probs)
+    assert [e.stats.num_generated for e in events] == list(
+        __import__("itertools").accumulate(len(e.token_ids) for e in events))
+
+
+def test_requests_beyond_the_context_are_refused():
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, None, max_context=64)
+    with pytest.raises(ValueError, match="exceeds the context of 64 tokens"):
+        list(engine.generate(PROMPT, GenerationConfig(max_new_tokens=60)))
+    with pytest.raises(ValueError, match="empty"):
+        list(engine.generate([], GenerationConfig()))
+
+
+def test_cudagraph_mode_is_refused_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="cudagraph mode needs a CUDA device"):
+        Engine(Target(tiny_hf("llama")), None, mode="cudagraph")
+
+
+def test_default_target_with_random_drafters_matches_generate(default_target):
+    hf, tok = default_target
+    from demo.prompts import chat_ids
+
+    prompt = chat_ids(tok, [{"role": "user", "content": "Write a haiku about the sea."}])
+    ref = hf_greedy(hf, prompt, 32)
+    target = Target(hf)
+    for method in ("eagle", "eagle3"):
+        drafter = random_drafter(method, target, draft_vocab_size=4096 if method == "eagle3" else 0)
+        engine = Engine(target, drafter, max_context=256)
+        tokens, _ = run(engine, prompt, max_new_tokens=32, num_spec_tokens=3)
+        assert tokens == ref[: len(tokens)] and len(tokens) == len(ref)

@@ -1,0 +1,44 @@
+"""Acceptance metrics follow vLLM's definitions."""
+
+import pytest
+
+from demo.metrics import AcceptanceStats
+
+
+def test_metrics_on_a_hand_built_trace():
+    s = AcceptanceStats(num_spec_tokens=3)
+    s.observe_prefill(5.0)
+    for accepted in (3, 0, 1, 2):  # four steps of k=3
+        s.observe_draft(3, accepted)
+        s.observe_step(accepted + 1, draft_ms=1.0, verify_ms=2.0)
+    s.elapsed_s = 0.5
+    # 6 accepted over 4 drafts: 1 + 6/4
+    assert s.mean_acceptance_length == pytest.approx(2.5)
+    # steps with >= 1, >= 2, >= 3 accepted: 3, 2, 1 of 4
+    assert s.acceptance_per_position == pytest.approx([0.75, 0.5, 0.25])
+    assert s.mean_acceptance_length == pytest.approx(1 + sum(s.acceptance_per_position))
+    assert s.draft_acceptance_rate == pytest.approx(6 / 12)
+    assert s.num_generated == 1 + 10
+    assert s.tokens_per_s == pytest.approx(11 / 0.5)
+    assert (s.mean_draft_ms, s.mean_verify_ms, s.prefill_ms) == (1.0, 2.0, 5.0)
+
+
+def test_table_format_matches_vllm_printout():
+    s = AcceptanceStats(num_spec_tokens=2)
+    s.observe_draft(2, 2)
+    s.observe_draft(2, 1)
+    assert s.format_table() == "\n".join([
+        "-" * 50, "mean acceptance length: 2.50", "-" * 50,
+        "acceptance at token 0: 1.00", "acceptance at token 1: 0.50"])
+
+
+def test_merge_adds_totals():
+    a, b = AcceptanceStats(num_spec_tokens=2), AcceptanceStats(num_spec_tokens=2)
+    a.observe_draft(2, 2)
+    b.observe_draft(2, 0)
+    a.merge(b)
+    assert a.num_drafts == 2 and a.accepted_per_position == [1, 1] and a.mean_acceptance_length == 2.0
+
+
+def test_no_drafts_means_acceptance_length_one():
+    assert AcceptanceStats(num_spec_tokens=0).mean_acceptance_length == 1.0
