@@ -98,9 +98,11 @@ class CapturedStep:
         with torch.cuda.graph(self.graph, pool=pool):
             self.output = fn()
         torch.cuda.synchronize()
+        self.replays = 0  # launches since capture: proof that generation ran the graph
 
     def __call__(self):
         self.graph.replay()
+        self.replays += 1
         return self.output
 
 
