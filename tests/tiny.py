@@ -1,0 +1,66 @@
+"""Tiny random targets and drafters for tests: no downloads, no GPU, milliseconds to build.
+
+    hf, target = tiny_target("llama")                  # or "qwen2" (q/k/v biases), "qwen3" (q/k norms)
+    drafter = tiny_drafter("eagle3", target, draft_vocab_size=64)
+
+``initializer_range=0.2`` makes the target's logits peaked, so fp32 rounding differences between
+our forward and transformers' never flip an argmax near-tie. The targets have no end-of-sequence
+token, so greedy runs always go to max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from demo.drafter_common import DrafterConfig
+from demo.drafter_eagle import EagleDrafter
+from demo.drafter_eagle3 import Eagle3Drafter
+from demo.target import Target
+
+VOCAB, HIDDEN, LAYERS = 256, 64, 8
+SIZES = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+KINDS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # q/k/v biases
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),  # per-head q/k norms, head_dim != H/heads
+}
+
+
+def tiny_target(kind: str = "llama", *, tie: bool = False, seed: int = 0, **overrides):
+    """(transformers model, Target) of a tiny random Llama-family model in fp32 on CPU."""
+    cfg_cls, model_cls, extra = KINDS[kind]
+    torch.manual_seed(seed)
+    hf = model_cls(cfg_cls(**{**SIZES, **extra, "tie_word_embeddings": tie, **overrides})).eval()
+    if kind == "qwen2":  # transformers initialises biases to zero; random ones make them matter
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                nn.init.normal_(proj.bias, std=0.2)
+    hf.requires_grad_(False)
+    return hf, Target(hf)
+
+
+def tiny_drafter(method: str, target: Target, *, draft_vocab_size: int = 0, seed: int = 1, **overrides):
+    """A random drafter shaped for `target` (one target layer wide unless `overrides` say otherwise).
+
+    Norm weights and biases are random too, so a loader that dropped or swapped any of them would
+    change the drafts. With a reduced draft vocabulary, draft id i maps to a random distinct target id.
+    """
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.for_target(method, target.config, draft_vocab_size=draft_vocab_size, **overrides)
+    drafter = (EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.normal_(std=0.2)
+        if getattr(drafter, "d2t", None) is not None:
+            ids = torch.randperm(cfg.vocab_size)[: cfg.draft_vocab_size].sort().values  # [Vd] target ids
+            drafter.d2t.copy_(ids - torch.arange(cfg.draft_vocab_size))
+            drafter.t2d.zero_()
+            drafter.t2d[ids] = True
+    return drafter.eval().requires_grad_(False)
