@@ -1,0 +1,587 @@
+"""Drafter checkpoints: read every published EAGLE / EAGLE-3 layout, check it against the target
+before use, and save this project's drafters in the layout vLLM and SGLang load as they are.
+
+Layouts read (``architectures`` in config.json first, weight names second):
+
+- EAGLE-1 (yuhuili/EAGLE-LLaMA3.1-Instruct-8B): ``LlamaForCausalLM``, ``num_hidden_layers`` 1,
+  ``bias``; ``fc`` [H, 2H] (+ ``fc.bias``), ``layers.0.*`` without input norm, no final norm, no
+  lm_head; an ``embed_tokens`` copy of the target's is skipped (the target's is used).
+- EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): ``LlamaForCausalLM`` + ``draft_vocab_size``, no
+  ``rope_theta`` (so 10000, not the target's); ``fc`` [H, 3H], ``midlayer.*``, ``norm``,
+  ``lm_head`` [Vd, H], ``d2t`` [Vd] offsets, ``t2d`` [V] mask.
+- SpecForge / vLLM (``LlamaForCausalLMEagle3``): EAGLE-3 names, maybe under ``model.``, single or
+  sharded safetensors, ``eagle_config.eagle_aux_hidden_state_layer_ids`` and ``target_hidden_size``
+  (then ``fc`` is [H, 3*Ht] and the checkpoint carries its own ``embed_tokens``).
+- speculators (``Eagle3Speculator``): layer sizes in ``transformer_layer_config``, EAGLE-3 extras at
+  the top level, ``layers.0.*`` for ``midlayer.*`` (mapped as vLLM's ``load_weights`` does), and
+  ``norm_before_residual`` true unless it says otherwise (vLLM's default for this format).
+
+Aux layer ids mean "the residual stream entering target layer i", as vLLM reads them (SGLang adds 1
+to ids it finds in a config; with no ids both engines use (2, L//2, L-3)).
+
+Every refusal is a ``DrafterLoadError`` with a one-line message that names the field and both values.
+Weights come from safetensors, or from ``.bin`` through ``torch.load(weights_only=True)``; remote
+code is never run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from demo.drafter_common import DrafterConfig
+from demo.drafter_eagle import EagleDrafter
+from demo.drafter_eagle3 import Eagle3Drafter
+from demo.layers import rope_inv_freq
+
+__all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter_config"]
+
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+SPECULATORS_ARCHITECTURES = ("Eagle3Speculator",)
+EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM",)
+# Published heads reuse the target family's class name; EAGLE-1 or EAGLE-3 is told by the weights.
+EITHER_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = EAGLE3_ARCHITECTURES + SPECULATORS_ARCHITECTURES + EAGLE_ARCHITECTURES + EITHER_ARCHITECTURES
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
+DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
+SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
+SAVED_MAX_POSITIONS = 8192  # written for other engines, which size the drafter's RoPE by it (vLLM #48894)
+
+
+class DrafterLoadError(ValueError):
+    """A drafter checkpoint was refused; the one-line message names the field and both values."""
+
+
+# ---------------------------------------------------------------------------------------- reading
+@dataclass
+class _Plan:
+    """How one checkpoint's tensors become one drafter module's state."""
+
+    cfg: DrafterConfig
+    rename: dict[str, str]  # checkpoint name -> module name, for every tensor that is loaded
+    shared_embedding: str | None = None  # checkpoint name of an embed_tokens replaced by the target's
+    identity_vocab: dict[str, str] = field(default_factory=dict)  # d2t/t2d of a full-vocabulary head: dropped
+    derive_t2d: bool = False  # t2d absent: made from d2t (drafting never reads it)
+
+
+def read_drafter_config(config: dict, weights: Mapping[str, Sequence[int]], *,
+                        method: str | None = None) -> DrafterConfig:
+    """The DrafterConfig a config.json and its weight shapes (name -> shape) describe; refuses
+    unknown architectures, missing or unexpected weights and shapes that contradict the config.
+    Without a target, absent EAGLE-3 aux layer ids stay None (load_drafter fills in the default)."""
+    return _plan(config, {k: tuple(v) for k, v in weights.items()}, method).cfg
+
+
+def _plan(config: dict, shapes: dict[str, tuple[int, ...]], method: str | None, target=None) -> _Plan:
+    """Layout -> DrafterConfig -> checks against the target -> checkpoint names mapped to the module's."""
+    arch = _architecture(config)
+    speculators = arch in SPECULATORS_ARCHITECTURES or config.get("speculators_model_type") == "eagle3"
+    found = _detect_method(arch, speculators, config, shapes)
+    if method is not None and method != found:
+        raise DrafterLoadError(f"method: {method!r} was asked for, but the checkpoint is an {found!r} drafter")
+    names = _canonical_names(shapes, found)
+    canon = {new: shapes[old] for old, new in names.items()}  # module name -> shape
+    cfg = _drafter_config(config, canon, found, speculators, target)
+    if target is not None:
+        _check_target(cfg, config, canon, target)
+    plan = _Plan(cfg, rename=names)
+    _match_weights(plan, canon)
+    return plan
+
+
+def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, target) -> DrafterConfig:
+    """Sizes, RoPE and EAGLE-3 extras from config.json (speculators: sizes in its layer config)."""
+    layer_cfg = config
+    if speculators:
+        layer_cfg = config.get("transformer_layer_config")
+        if not isinstance(layer_cfg, dict):
+            raise DrafterLoadError("transformer_layer_config: missing from a speculators config.json "
+                                   "(an Eagle3Speculator checkpoint needs it)")
+    H = int(_required(layer_cfg, "hidden_size"))
+    heads = int(_required(layer_cfg, "num_attention_heads"))
+    theta, scaling = _rope(layer_cfg)
+    _check_unsupported(config, layer_cfg, canon, method, speculators)
+    speclens = config.get("speclens") or {}  # written by save_drafter
+    vocab = layer_cfg.get("vocab_size") or _rows(canon, "t2d") or _rows(canon, "embed_tokens.weight")
+    if not vocab:
+        raise DrafterLoadError("vocab_size: missing from config.json and not implied by any weight")
+    target_hidden = int(config.get("target_hidden_size") or H)
+    cfg = dict(
+        method=method, hidden_size=H, intermediate_size=int(_required(layer_cfg, "intermediate_size")),
+        num_heads=heads, num_kv_heads=int(layer_cfg.get("num_key_value_heads") or heads),
+        head_dim=int(layer_cfg.get("head_dim") or 0), vocab_size=int(vocab),
+        rms_norm_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),  # LlamaConfig's default, as other engines read it
+        rope_theta=theta, rope_scaling=scaling,
+        attention_bias=bool(layer_cfg.get("attention_bias")) or _has_bias(canon, method),
+        own_embedding="embed_tokens.weight" in canon and (bool(speclens.get("own_embedding")) or target_hidden != H),
+    )
+    if method == "eagle":
+        return DrafterConfig(**cfg, fc_bias=bool(layer_cfg.get("bias", False)))
+    warnings = []
+    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
+        or config.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None and "aux_layer_ids" in speclens:
+        aux = speclens["aux_layer_ids"]  # this project's own drafters: null means the target default
+    elif aux is None and target is not None:
+        aux = target.config.default_aux_layers()
+        warnings.append(f"the checkpoint names no aux layers (eagle_aux_hidden_state_layer_ids): using the target "
+                        f"default {list(aux)}; if acceptance is near zero, the head was trained on other layers")
+    draft_vocab = config.get("draft_vocab_size") or _rows(canon, "lm_head.weight")
+    # vLLM reads a speculators config without norm_before_residual as true
+    norm_before_residual = config.get("norm_before_residual", speculators)
+    return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab or 0), target_hidden_size=target_hidden,
+                         aux_layer_ids=None if aux is None else tuple(aux),
+                         norm_before_residual=bool(norm_before_residual), warnings=warnings)
+
+
+def _check_unsupported(config: dict, layer_cfg: dict, canon: dict, method: str, speculators: bool) -> None:
+    """Variants no SpecLens drafter computes: refused rather than run wrong."""
+    hidden_act = layer_cfg.get("hidden_act", "silu")
+    if hidden_act != "silu":
+        raise DrafterLoadError(f"hidden_act: config.json has {hidden_act!r}, SpecLens drafters use 'silu'")
+    if config.get("norm_before_fc"):
+        raise DrafterLoadError("norm_before_fc: config.json has true, SpecLens drafters have no norm before fc (false)")
+    if (config.get("eagle_config") or {}).get("use_aux_hidden_state") is False:
+        raise DrafterLoadError("eagle_config.use_aux_hidden_state: config.json has false, SpecLens EAGLE-3 "
+                               "drafters read aux hidden states (true)")
+    layer_ids = {int(m.group(1)) for n in canon if (m := re.match(r"layers\.(\d+)\.", n))}
+    if any(n.startswith("midlayer.") for n in canon):
+        layer_ids.add(0)
+    if len(layer_ids) > 1:
+        raise DrafterLoadError(f"num_hidden_layers: the checkpoint has {len(layer_ids)} decoder layers, "
+                               f"SpecLens drafters have 1")
+    declared = layer_cfg.get("num_hidden_layers")
+    if not speculators and declared is not None and declared != 1:  # speculators may carry the verifier's count
+        raise DrafterLoadError(f"num_hidden_layers: config.json has {declared}, SpecLens drafters have 1")
+
+
+def _match_weights(plan: _Plan, canon: dict) -> None:
+    """Every tensor the module needs, with the shape the config implies, and nothing else."""
+    cfg, names = plan.cfg, plan.rename
+    what = "an EAGLE-1" if cfg.method == "eagle" else "an EAGLE-3"
+    expected = _expected_shapes(cfg)
+    _match_vocab_tensors(plan, canon, expected)
+    if "embed_tokens.weight" in canon and "embed_tokens.weight" not in expected:
+        _check_shape("embed_tokens.weight", canon["embed_tokens.weight"], (cfg.vocab_size, cfg.hidden_size))
+        plan.shared_embedding = _original(names, "embed_tokens.weight")
+    missing = sorted(set(expected) - set(canon) - ({"t2d"} if plan.derive_t2d else set()))
+    if "embed_tokens.weight" in missing:
+        raise DrafterLoadError(f"embed_tokens.weight: missing; a drafter of hidden_size {cfg.hidden_size} reading "
+                               f"target features of width {cfg.target_hidden_size} needs its own embedding")
+    if missing:
+        raise DrafterLoadError(f"missing weights: {_some(missing)} (the checkpoint has {len(canon)} tensors; "
+                               f"config.json describes {what} drafter that needs {len(expected)})")
+    ignored = {n for n in canon if _ignorable(n)} | {"embed_tokens.weight"} | set(plan.identity_vocab)
+    unexpected = sorted(set(canon) - set(expected) - ignored)
+    if unexpected:
+        raise DrafterLoadError(f"unexpected weights: {_some([_original(names, n) for n in unexpected])} "
+                               f"(not part of {what} drafter as config.json describes it)")
+    for name, shape in expected.items():
+        if name in canon:
+            _check_shape(_original(names, name), canon[name], shape, cfg)
+    plan.rename = {old: new for old, new in names.items() if new in expected}
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _architecture(config: dict) -> str:
+    archs = config.get("architectures") or []
+    if not archs:
+        raise DrafterLoadError(f"architectures: missing from config.json "
+                               f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise DrafterLoadError(f"architectures: config.json has {arch!r}, not a drafter SpecLens reads "
+                               f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    return arch
+
+
+def _detect_method(arch: str, speculators: bool, config: dict, shapes: dict) -> str:
+    """EAGLE-1 or EAGLE-3: by architecture where it says, else by the weights (fc width, names)."""
+    if speculators or arch in EAGLE3_ARCHITECTURES:
+        return "eagle3"
+    if arch in EAGLE_ARCHITECTURES:
+        return "eagle"
+    stripped = {_strip_prefix(n) for n in shapes}
+    H = int(config.get("hidden_size") or 0)
+    fc_in = shapes.get("fc.weight", shapes.get("model.fc.weight", (0, 0)))[-1]
+    eagle3_signs = [sign for sign, present in (
+        ("midlayer.* weights", any(n.startswith("midlayer.") for n in stripped)),
+        ("draft_vocab_size", "draft_vocab_size" in config),
+        ("d2t", "d2t" in stripped),
+        ("lm_head.weight", "lm_head.weight" in stripped),
+        (f"fc input width {fc_in} = 3 x {int(config.get('target_hidden_size') or H)}",
+         H > 0 and fc_in == 3 * int(config.get("target_hidden_size") or H)),
+    ) if present]
+    eagle = H > 0 and fc_in == 2 * H and any(n.startswith("layers.0.") for n in stripped)
+    if eagle3_signs and not eagle:
+        return "eagle3"
+    if eagle and not eagle3_signs:
+        return "eagle"
+    if eagle:
+        verb = "mark" if len(eagle3_signs) > 1 else "marks"
+        raise DrafterLoadError(f"fc.weight: input width {fc_in} = 2 x hidden_size {H} marks an EAGLE-1 drafter, but "
+                               f"{', '.join(eagle3_signs)} {verb} an EAGLE-3 one")
+    raise DrafterLoadError(f"fc.weight: input width {fc_in} with hidden_size {H} fits neither an EAGLE-1 drafter "
+                           f"(2 x {H}, layers.0.*) nor an EAGLE-3 one (3 x {H}, midlayer.*)")
+
+
+def _strip_prefix(name: str) -> str:
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def _canonical_names(shapes: dict, method: str) -> dict[str, str]:
+    """Checkpoint name -> our module's name: no ``model.`` prefix; EAGLE-3's layer is ``midlayer``."""
+    out, seen = {}, {}
+    for old in shapes:
+        new = _strip_prefix(old)
+        if method == "eagle3" and new.startswith("layers.0."):
+            new = "midlayer." + new[len("layers.0."):]
+        if new in seen:
+            raise DrafterLoadError(f"weights: {seen[new]!r} and {old!r} both name {new!r}")
+        seen[new] = old
+        out[old] = new
+    return out
+
+
+def _original(names: dict[str, str], canonical: str) -> str:
+    return next((old for old, new in names.items() if new == canonical), canonical)
+
+
+def _required(cfg: dict, key: str):
+    if cfg.get(key) is None:
+        raise DrafterLoadError(f"{key}: missing from config.json")
+    return cfg[key]
+
+
+def _rows(shapes: dict, name: str) -> int:
+    return shapes[name][0] if name in shapes else 0
+
+
+def _has_bias(shapes: dict, method: str) -> bool:
+    layer = "layers.0." if method == "eagle" else "midlayer."
+    return f"{layer}self_attn.q_proj.bias" in shapes
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None]:
+    """rope_theta (absent: 10000, LlamaConfig's default) and a linear/llama3 scaling dict or None."""
+    params = cfg.get("rope_parameters") or {}
+    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"} or None
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return theta, None
+    try:
+        rope_inv_freq(2, theta, scaling)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DrafterLoadError(f"rope_scaling: config.json has type {kind!r}, SpecLens drafters support "
+                               f"default, linear and llama3 ({e})") from None
+    return theta, dict(scaling)
+
+
+def _check_target(cfg: DrafterConfig, config: dict, canon: dict, target) -> None:
+    """The drafter must fit the target's features, vocabulary and layers."""
+    t = target.config
+    if cfg.method == "eagle" and cfg.hidden_size != t.hidden_size:
+        raise DrafterLoadError(f"hidden_size: drafter {cfg.hidden_size}, target {t.hidden_size} (an EAGLE-1 drafter "
+                               f"reads the target's final hidden state and its lm_head)")
+    if cfg.method == "eagle3" and cfg.target_hidden_size != t.hidden_size:
+        key = "target_hidden_size" if config.get("target_hidden_size") else "hidden_size"
+        raise DrafterLoadError(f"{key}: drafter expects target features of width {cfg.target_hidden_size}, "
+                               f"target hidden_size is {t.hidden_size}")
+    if "t2d" in canon and canon["t2d"][0] != t.vocab_size:
+        raise DrafterLoadError(f"t2d: length {canon['t2d'][0]}, target vocabulary {t.vocab_size} tokens")
+    if cfg.vocab_size != t.vocab_size:
+        raise DrafterLoadError(f"vocab_size: drafter {cfg.vocab_size}, target {t.vocab_size}")
+    if cfg.aux_layer_ids is not None:
+        ids = list(cfg.aux_layer_ids)
+        bad = [i for i in ids if not 0 <= i <= t.num_layers]
+        if bad:
+            raise DrafterLoadError(f"eagle_aux_hidden_state_layer_ids: {ids} has {bad[0]}, outside the target's "
+                                   f"layers 0..{t.num_layers}")
+        if len(ids) != 3:
+            raise DrafterLoadError(f"eagle_aux_hidden_state_layer_ids: {len(ids)} ids {ids}, an EAGLE-3 fc reads 3")
+
+
+def _expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        module = DRAFTER_CLASSES[cfg.method](cfg)
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+def _match_vocab_tensors(plan: _Plan, canon: dict, expected: dict) -> None:
+    """A full-vocabulary EAGLE-3 head has no d2t/t2d (an all-zero d2t is dropped after reading); a
+    reduced one needs d2t, and t2d is made from d2t when absent."""
+    cfg = plan.cfg
+    if cfg.method != "eagle3":
+        return
+    if "d2t" not in expected:
+        plan.identity_vocab = {n: _original(plan.rename, n) for n in ("d2t", "t2d") if n in canon}
+        for name in plan.identity_vocab:
+            _check_shape(name, canon[name], (cfg.vocab_size,))
+    elif "d2t" in canon and "t2d" not in canon:
+        plan.derive_t2d = True
+    elif "d2t" not in canon:
+        raise DrafterLoadError(f"d2t: missing; a draft vocabulary of {cfg.draft_vocab_size} tokens needs it to map "
+                               f"into the target's {cfg.vocab_size}")
+
+
+def _check_shape(name: str, got: tuple, want: tuple, cfg: DrafterConfig | None = None) -> None:
+    if tuple(got) != tuple(want):
+        sizes = ""
+        if cfg is not None:
+            sizes = (f" (hidden_size {cfg.hidden_size}, intermediate_size {cfg.intermediate_size}, heads "
+                     f"{cfg.num_heads}/{cfg.num_kv_heads} x {cfg.head_dim}, draft_vocab_size {cfg.draft_vocab_size}, "
+                     f"target_hidden_size {cfg.target_hidden_size})")
+        raise DrafterLoadError(f"{name}: shape {list(got)} in the checkpoint, {list(want)} from config.json{sizes}")
+
+
+def _ignorable(name: str) -> bool:
+    """Tensors some trainers save that no drafter reads: RoPE tables, speculators' frozen verifier copies."""
+    return name.endswith("rotary_emb.inv_freq") or name.startswith("verifier_")
+
+
+# ---------------------------------------------------------------------------------------- files
+def resolve_drafter_dir(spec: str | os.PathLike) -> Path:
+    """A local directory as it is; a hub id (owner/name) through the hub cache (or a download)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    text = str(spec)
+    if path.exists():
+        raise DrafterLoadError(f"drafter: {text!r} is a file; pass its directory (config.json and weights)")
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+        raise DrafterLoadError(f"drafter: {text!r} is neither a local directory nor a hub id (owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id=text, allow_patterns=HUB_PATTERNS))
+    except Exception as e:  # offline, unknown repo, gated repo, no token: all end here
+        raise DrafterLoadError(f"drafter: {text!r} could not be fetched from the Hugging Face hub "
+                               f"({type(e).__name__}: {_first_line(e)}); check the network (HF_HUB_OFFLINE must be "
+                               f"unset), run `huggingface-cli login` for gated repos, or pass a local directory") from e
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DrafterLoadError(f"{path.name}: missing from {path.parent}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DrafterLoadError(f"{path.name}: not valid JSON ({_first_line(e)}); the file is corrupted or "
+                               f"truncated, download it again") from None
+
+
+def _weight_files(d: Path) -> list[Path]:
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (d / index).exists():
+            weight_map = _read_json(d / index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise DrafterLoadError(f"{index}: has no weight_map (the file is corrupted)")
+            files = [d / f for f in sorted(set(weight_map.values()))]
+            for f in files:
+                if not f.exists():
+                    raise DrafterLoadError(f"{index}: names shard {f.name}, which is missing from {d}")
+            return files
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (d / single).exists():
+            return [d / single]
+    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
+    if not files:
+        raise DrafterLoadError(f"weights: no *.safetensors or *.bin file in {d}")
+    return files
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+        else:
+            tensors = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors header errors, truncated zip archives, refused pickles
+        raise DrafterLoadError(f"{path.name}: cannot be read ({type(e).__name__}: {_first_line(e)}); the file is "
+                               f"corrupted or truncated, download it again") from None
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise DrafterLoadError(f"{path.name}: holds {type(tensors).__name__}, not a flat name -> tensor state dict")
+    return tensors
+
+
+def _read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    config = _read_json(d / "config.json")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in _weight_files(d):
+        part = _read_tensors(f)
+        dup = set(part) & set(tensors)
+        if dup:
+            raise DrafterLoadError(f"weights: {sorted(dup)[0]!r} appears in two files ({f.name} and another)")
+        tensors.update(part)
+    return config, tensors
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0][:200] if s else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------- loading
+def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None) -> EagleDrafter | Eagle3Drafter:
+    """Load a drafter for `target` from a local directory or a hub id, in the target's dtype and on
+    its device, sharing its embedding (and EAGLE-1's lm_head). Everything that would not fit the
+    target is refused here, before any generation; `drafter.cfg.warnings` says what was assumed."""
+    d = resolve_drafter_dir(spec)
+    config, tensors = _read_checkpoint(d)
+    plan = _plan(config, {k: tuple(v.shape) for k, v in tensors.items()}, method, target)
+    cfg = plan.cfg
+    state = {}
+    for old, new in plan.rename.items():
+        t = tensors[old]
+        if new == "d2t":
+            t = t.to(torch.int64)
+        elif new == "t2d":
+            t = t.to(torch.bool)
+        elif t.is_floating_point():
+            t = t.to(target.dtype)
+        else:
+            raise DrafterLoadError(f"{old}: dtype {t.dtype} in the checkpoint, a floating-point weight was expected")
+        state[new] = t
+    _check_vocab_values(plan, tensors, state)
+    if plan.derive_t2d:
+        state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        state["t2d"][torch.arange(cfg.draft_vocab_size) + state["d2t"]] = True
+    if plan.shared_embedding is not None:
+        note = _embedding_note(tensors[plan.shared_embedding], target.embed.weight)
+        if note:
+            cfg.warnings.append(note)
+    with torch.device("meta"):
+        drafter = DRAFTER_CLASSES[cfg.method](cfg)
+    drafter.load_state_dict(state, strict=True, assign=True)
+    drafter.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    drafter.share_target(target)
+    return drafter
+
+
+def _check_vocab_values(plan: _Plan, tensors: dict, state: dict) -> None:
+    """d2t must map every draft id into the target vocabulary; a full-vocabulary d2t must be zeros."""
+    cfg = plan.cfg
+    if "d2t" in plan.identity_vocab:
+        t = tensors[plan.identity_vocab["d2t"]]
+        if bool(t.ne(0).any()):
+            first = int(t.ne(0).nonzero()[0, 0])
+            raise DrafterLoadError(f"d2t: the draft vocabulary equals the target's ({cfg.vocab_size} tokens) but "
+                                   f"d2t[{first}] is {int(t[first])}, not 0; a permuted full vocabulary is unsupported")
+    if "d2t" in state:
+        ids = torch.arange(cfg.draft_vocab_size) + state["d2t"]  # [Vd] target ids
+        bad = ((ids < 0) | (ids >= cfg.vocab_size)).nonzero()
+        if len(bad):
+            i = int(bad[0, 0])
+            raise DrafterLoadError(f"d2t: draft id {i} maps to target id {int(ids[i])}, outside the target "
+                                   f"vocabulary [0, {cfg.vocab_size})")
+
+
+def _embedding_note(ckpt: torch.Tensor, target_weight: torch.Tensor) -> str | None:
+    """The checkpoint's embed_tokens is skipped for the target's; say so when they differ (a head
+    trained for another target, or with a trained embedding), comparing up to 1024 spread rows."""
+    rows = torch.linspace(0, ckpt.shape[0] - 1, min(ckpt.shape[0], 1024)).long()
+    a = ckpt[rows].float()
+    b = target_weight.detach()[rows.to(target_weight.device)].float().cpu()
+    diff = float((a - b).abs().max())
+    if diff <= 1e-2 * float(b.abs().max()) + 1e-6:
+        return None
+    return (f"embed_tokens.weight in the checkpoint differs from the target's embedding (max |diff| {diff:.3g}); "
+            f"the target's is used: was this drafter trained for another target?")
+
+
+# ---------------------------------------------------------------------------------------- saving
+def save_drafter(drafter, out_dir: str | os.PathLike, max_shard_bytes: int = 9_500_000) -> Path:
+    """Write `drafter` as config.json + safetensors in the published layout of its method (EAGLE-3:
+    ``LlamaForCausalLMEagle3``; EAGLE-1: ``LlamaForCausalLM``), sharded with
+    ``model.safetensors.index.json`` so that every file stays within `max_shard_bytes` (a Hugging
+    Face Space takes files under 10 MB without LFS). Tensors keep their dtype; loading is exact.
+
+    Aux layer ids go into ``eagle_config`` when the drafter has explicit ones. A drafter on the
+    target default (aux_layer_ids None) writes none: vLLM and SGLang read explicit ids one layer
+    apart, but agree on the default (2, L//2, L-3).
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.state_dict().items()
+               if not k.startswith("_target")}  # borrowed target modules are never saved
+    dtype = next(t.dtype for k, t in tensors.items() if t.is_floating_point())
+    shards = _shard(tensors, max_shard_bytes)
+    for stale in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
+        stale.unlink()
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            name = SHARD_NAME.format(i, len(shards))
+            save_file(shard, str(out / name), metadata={"format": "pt"})
+            weight_map.update({k: name for k in shard})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(_config_json(drafter.cfg, dtype), indent=2) + "\n")
+    for f in out.glob("model*.safetensors*"):
+        if f.stat().st_size > max_shard_bytes:
+            raise RuntimeError(f"{f.name}: {f.stat().st_size} bytes written, over max_shard_bytes {max_shard_bytes}")
+    return out
+
+
+def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Greedy packing in name order; each file's budget leaves room for its JSON header."""
+    shards, current, used = [], {}, 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        size = t.numel() * t.element_size() + len(name) + 96  # data + this tensor's header entry
+        if size + 128 > max_bytes:
+            raise ValueError(f"{name}: {t.numel() * t.element_size()} bytes ({t.dtype}, shape {list(t.shape)}) cannot "
+                             f"fit in a shard of max_shard_bytes {max_bytes}; save in bfloat16 or with a smaller "
+                             f"draft vocabulary")
+        if current and used + size + 128 > max_bytes:
+            shards.append(current)
+            current, used = {}, 0
+        current[name] = t
+        used += size
+    if current or not shards:
+        shards.append(current)
+    return shards
+
+
+def _config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+    common = {
+        "model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1, "vocab_size": cfg.vocab_size, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "max_position_embeddings": SAVED_MAX_POSITIONS,
+        "attention_bias": cfg.attention_bias, "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).replace("torch.", ""),
+    }
+    if cfg.rope_scaling:
+        common["rope_scaling"] = dict(cfg.rope_scaling)
+    speclens = {"method": cfg.method, "aux_layer_ids": list(cfg.aux_layer_ids) if cfg.aux_layer_ids else None,
+                "own_embedding": cfg.own_embedding}
+    if cfg.method == "eagle":
+        return {"architectures": ["LlamaForCausalLM"], **common, "bias": cfg.fc_bias, "speclens": speclens}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], **common, "draft_vocab_size": cfg.draft_vocab_size}
+    if cfg.target_hidden_size != cfg.hidden_size:
+        config["target_hidden_size"] = cfg.target_hidden_size
+    if cfg.norm_before_residual:
+        config["norm_before_residual"] = True
+    if cfg.aux_layer_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+                                  "use_aux_hidden_state": True}
+    config["speclens"] = speclens
+    return config
