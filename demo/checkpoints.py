@@ -547,9 +547,9 @@ def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, t
         t = tensors[name]
         size = t.numel() * t.element_size() + len(name) + 96  # data + this tensor's header entry
         if size + 128 > max_bytes:
+            hint = "save in bfloat16 or use" if t.element_size() > 2 else "use"
             raise ValueError(f"{name}: {t.numel() * t.element_size()} bytes ({t.dtype}, shape {list(t.shape)}) cannot "
-                             f"fit in a shard of max_shard_bytes {max_bytes}; save in bfloat16 or with a smaller "
-                             f"draft vocabulary")
+                             f"fit in a shard of max_shard_bytes {max_bytes}; {hint} a smaller draft vocabulary")
         if current and used + size + 128 > max_bytes:
             shards.append(current)
             current, used = {}, 0
