@@ -74,10 +74,10 @@ def verify_sampled(drafts: torch.Tensor, probs: torch.Tensor, generator: torch.G
     accepted = (u < probs[rows, drafts]).to(torch.int64)
     num_accepted = accepted.cumprod(0).sum()
     residual = probs.index_select(0, num_accepted.view(1)).squeeze(0)  # [V] row n
-    if k:
-        rejected = drafts[num_accepted.clamp(max=k - 1)]
-        keep = torch.where(num_accepted < k, 0.0, 1.0)  # drop the rejected draft only after a rejection
-        residual = residual.scatter(0, rejected.view(1), residual[rejected].view(1) * keep)
+    if k:  # (index_select, not tensor[0-d tensor], which would read the index on the host)
+        rejected = drafts.index_select(0, num_accepted.clamp(max=k - 1).view(1))  # [1]
+        keep = (num_accepted >= k).to(residual.dtype)  # drop the rejected draft only after a rejection
+        residual = residual.scatter(0, rejected, residual.index_select(0, rejected) * keep)
     noise = torch.empty_like(residual).exponential_(generator=generator)
     token = (residual / noise).argmax()  # exponential race: a sample from residual / residual.sum()
     tokens = torch.cat((drafts, drafts.new_zeros(1)))
