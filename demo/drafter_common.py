@@ -115,13 +115,15 @@ class DrafterBase(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if cfg.own_embedding else None
-        self._target_embed = None  # borrowed from the target, never saved with the drafter
+        # borrowed from the target: set with object.__setattr__ so that nn.Module does not register
+        # them, and the drafter's parameters(), state_dict() and .to() never include the target's
+        object.__setattr__(self, "_target_embed", None)
         self.cache: KVCache | None = None
         self.cos = self.sin = None
 
     def share_target(self, target) -> None:
         """Borrow the target's embedding (and, for EAGLE-1, its lm_head) without copying."""
-        self._target_embed = target.embed
+        object.__setattr__(self, "_target_embed", target.embed)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return (self.embed_tokens or self._target_embed)(tokens)

@@ -31,11 +31,11 @@ class EagleDrafter(DrafterBase):
         super().__init__(cfg)
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([EagleLayer(cfg)])
-        self._target_lm_head = None
+        object.__setattr__(self, "_target_lm_head", None)  # the target's, not registered (see DrafterBase)
 
     def share_target(self, target) -> None:
         super().share_target(target)
-        self._target_lm_head = target.lm_head
+        object.__setattr__(self, "_target_lm_head", target.lm_head)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """EAGLE-1 reads the target's final hidden state as it is; [B, q, H] -> [B, q, H]."""
