@@ -105,6 +105,7 @@ def build_engine(args: argparse.Namespace):
     """Load the target and drafter and build the engine; returns (engine, tokenizer).
     Raises LoadError / DrafterLoadError / ValueError with a one-line reason."""
     import torch
+    import transformers
 
     from demo.engine import Engine
     from demo.loading import load_target
@@ -114,15 +115,16 @@ def build_engine(args: argparse.Namespace):
         where = "--device cpu was chosen" if args.device == "cpu" else "this machine has no CUDA device"
         raise ValueError(f"--mode cudagraph needs a CUDA device, but {where} (use --mode eager)")
     spec = drafter_spec(args)
+    transformers.utils.logging.disable_progress_bar()  # the bench shows its own bar, over prompts
     hf, tokenizer = load_target(args.target, device=args.device, dtype=args.dtype)
     target = Target(hf)
     drafter = None
     if spec is not None:
         from demo.checkpoints import load_drafter
 
-        drafter = load_drafter(spec, target)
-        if drafter.cfg.method != args.method:
-            raise ValueError(f"drafter {spec!r} is an {drafter.cfg.method} drafter, but --method is {args.method}")
+        drafter = load_drafter(spec, target, method=args.method)
+        for warning in drafter.cfg.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     engine = Engine(target, drafter, mode=args.mode, compile=args.compile, max_context=args.max_context)
     return engine, tokenizer
 

@@ -39,22 +39,30 @@ def _tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", chat_template=CHAT_TEMPLATE)
 
 
-def _tiny_target_dir(path: Path, hidden_size: int = 64, seed: int = 0) -> Path:
+def _tiny_target_dir(path: Path, hidden_size: int = 64, seed: int = 0, memoryless: bool = False) -> Path:
+    """A tiny random Llama saved with its tokenizer. `memoryless`: every layer's output projections
+    are zero, so the next token is a fixed function of the current one (see _copy_head_drafter)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = _tiny_tokenizer()
     # initializer_range 0.2 makes logits peaked, so fp32 rounding never flips an argmax near-tie
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                       num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=True,
+                      max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=memoryless,
                       bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=None)
     torch.manual_seed(seed)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    model = LlamaForCausalLM(cfg)
+    if memoryless:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
 
 
-def _drafter_dir(path: Path, method: str, target_dir: Path) -> Path:
+def _drafter_dir(path: Path, method: str, target_dir: Path, copy_head: bool = False) -> Path:
     """A random drafter shaped like one layer of the target in target_dir, saved as a checkpoint."""
     from transformers import AutoConfig
 
@@ -66,8 +74,23 @@ def _drafter_dir(path: Path, method: str, target_dir: Path) -> Path:
 
     torch.manual_seed(1)
     cfg = DrafterConfig.for_target(method, TargetConfig.from_hf(AutoConfig.from_pretrained(target_dir)))
-    save_drafter((EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg), path)
+    drafter = (EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg)
+    if copy_head:
+        _copy_head_drafter(drafter)
+    save_drafter(drafter, path)
     return path
+
+
+def _copy_head_drafter(drafter) -> None:
+    """Make an EAGLE-1 drafter predict exactly what a memoryless target will: fc passes the token's
+    embedding through and the layer adds nothing, so the draft is argmax(lm_head(embed(token))), the
+    target's argmax(lm_head(norm(embed(token)))) (an RMSNorm with unit weights only rescales)."""
+    H = drafter.cfg.hidden_size
+    with torch.no_grad():
+        drafter.fc.weight.zero_()
+        drafter.fc.weight[:, :H] = torch.eye(H)  # fc input is concat(embedding, feature)
+        drafter.layers[0].self_attn.o_proj.weight.zero_()
+        drafter.layers[0].mlp.down_proj.weight.zero_()
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +124,19 @@ def test_check_lossless_reports_identical_for_every_method(models, method, capsy
     assert "lossless: identical (3/3 prompts)" in out.splitlines()
 
 
+def test_lossless_check_holds_when_every_draft_is_accepted(tmp_path, capsys):
+    pytest.importorskip("demo.checkpoints")
+    target = _tiny_target_dir(tmp_path / "target", memoryless=True)
+    drafter = _drafter_dir(tmp_path / "drafter", "eagle", target, copy_head=True)
+    out_json = tmp_path / "out.json"
+    argv = ["--target", str(target), "--method", "eagle", "--drafter", str(drafter), "--prompt", "Say something.",
+            "--check-lossless", "--num-spec-tokens", "4", "--json", str(out_json), *FAST]
+    assert bench.main(argv) == 0
+    assert "lossless: identical (1/1 prompts)" in capsys.readouterr().out.splitlines()
+    summary = json.loads(out_json.read_text())["totals"]["summary"]
+    assert summary["acceptance_per_position"] == [1.0] * 4 and summary["mean_acceptance_length"] == 5.0
+
+
 def test_report_ends_with_acceptance_table_then_speed():
     # 100 verified drafts of k=3: 74 had >= 1 accepted, 54 had >= 2, 41 had all 3 -> AL = 1 + 169/100
     stats = AcceptanceStats(num_spec_tokens=3, num_drafts=100, num_draft_tokens=300, num_accepted_tokens=169,
@@ -122,6 +158,20 @@ def test_report_ends_with_acceptance_table_then_speed():
         "tokens/s: 200.0 (270 tokens in 1.35 s of engine time)",
         "propose: 1.50 ms/step, verify: 8.20 ms/step (100 steps; prefill 20.00 ms/prompt)",
     ]
+
+
+def test_divergence_report_names_the_first_differing_prompt_and_position():
+    records = [{"question_id": 81, "turn": 1, "lossless": {"identical": True, "first_difference": None}},
+               {"question_id": 82, "turn": 2, "lossless": {"identical": False, "first_difference": 17}},
+               {"question_id": 83, "turn": 1, "lossless": {"identical": False, "first_difference": 3}}]
+    stats = AcceptanceStats(num_spec_tokens=0)
+    config = dict(target="default", target_name="t", drafter=None, method="none", k=0, mode="eager", compile=False,
+                  device="cpu", dtype="float32", gpu=None, max_new_tokens=8, temperature=0.0, warmup=0)
+    report = {"records": records, "totals": {"config": config, "num_prompts": 3, "counts": stats.__dict__,
+                                             "warmup_s": 0.0, "capture_s": 0.0,
+                                             "lossless": bench.lossless_totals(records)}}
+    assert ("lossless: diverged (2/3 prompts differ; first: question 82 turn 2 at generated token 17)"
+            in bench.format_report(report).splitlines())
 
 
 def test_printed_table_matches_merged_totals(models, capsys, tmp_path):
@@ -193,6 +243,7 @@ def test_mismatched_drafter_exits_with_one_line_reason_naming_the_size(models, t
     other_target = _tiny_target_dir(tmp_path / "wide-target", hidden_size=96)
     drafter = _drafter_dir(tmp_path / "wide-drafter", "eagle", other_target)
     argv = ["--target", str(models["target"]), "--method", "eagle", "--drafter", str(drafter), *FAST]
+    capsys.readouterr()  # drop what saving the models printed
     assert bench.main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
