@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src = q.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="one prompt text")
     src.add_argument("--prompts", default=None,
-                     help=f"JSONL questions (MT-bench format; default {DEFAULT_PROMPTS.relative_to(DEFAULT_PROMPTS.parents[2])})")
+                     help="JSONL questions, MT-bench format (default: assets/prompts/questions.jsonl)")
     q.add_argument("--num-prompts", type=int, default=None, help="use the first N questions")
     q.add_argument("--all-turns", action="store_true",
                    help="answer every turn, continuing with the model's own answers (default: first turn only)")
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.method == "none" and args.drafter:
         p.error("--drafter has no use with --method none")
     if args.method != "none" and args.drafter is None and args.target != "default":
-        p.error(f"--drafter is required for target {args.target!r}: bundled drafters are trained for the default target")
+        p.error(f"--drafter is required for target {args.target!r}: the bundled drafters fit the default target only")
     if args.compile and args.mode != "cudagraph":
         p.error("--compile compiles the captured step functions: use it with --mode cudagraph")
     if args.temperature < 0:
