@@ -1,0 +1,208 @@
+"""Token provenance -> escaped HTML: the streamed text where every token shows where it came from.
+
+Provenance of an emitted token (the words of demo/metrics.py):
+
+- depth 1..k: an accepted draft token, the i-th of its step's draft; coloured on one sequential
+  scale (``DEPTH_COLORS``), the same colours as the acceptance chart's bars.
+- depth 0: the target's own token at the end of each step (correction or bonus): plain.
+- resampled: at T > 0, the target's own token drawn from the residual after a rejection: marked.
+
+Text is escaped for HTML and for the template syntax of Gradio's HTML component (``{{ }}``, ``${}``,
+``@children``), so model output and user text always show as text and never run. Whitespace is kept
+(``white-space: pre-wrap``): newlines, code blocks and lists keep their shape. Tokens become text by
+decoding a window of the sequence and diffing (``IncrementalDecoder``), so multi-byte characters
+and SentencePiece/BPE spaces come out right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Draft depth 1..10 -> background colour: light (depth 1) to dark (depth 10), one sequential scale.
+DEPTH_COLORS = ("#e3f4a8", "#c2e6a0", "#9ed9a9", "#74c9b8", "#48b5c4",
+                "#2b98c2", "#2277b4", "#22559f", "#1e3a86", "#12255f")
+DARK_FROM_DEPTH = 6  # white text on depths 6..10
+RESAMPLED_STYLE = "background:#fde2e1;color:#8b1a1a;text-decoration:underline wavy #d62728"
+TEXT_STYLE = "white-space:pre-wrap;overflow-wrap:anywhere"
+
+_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;",
+            "{": "&#123;", "}": "&#125;", "$": "&#36;", "`": "&#96;", "@": "&#64;"}
+_TABLE = str.maketrans(_ESCAPES)
+
+
+def escape(text: str) -> str:
+    """HTML-escape text, and also the characters of Gradio's HTML templates ({{ }}, ${}, @children)."""
+    return text.translate(_TABLE)
+
+
+def depth_color(depth: int) -> str:
+    """Background colour of an accepted draft token at depth 1..10."""
+    return DEPTH_COLORS[min(max(depth, 1), len(DEPTH_COLORS)) - 1]
+
+
+@dataclass
+class TokenPiece:
+    """One emitted token and where it came from."""
+
+    token_id: int
+    text: str  # the characters it added to the reply ("" while a multi-byte character is incomplete)
+    step: int  # the decoding step that emitted it (0: prefill)
+    depth: int  # 1..k: accepted draft token at that depth; 0: the target's own token
+    prob: float  # its probability under the target's (sampling) distribution
+    resampled: bool = False  # T > 0: drawn from the residual after a rejected draft
+
+    @property
+    def kind(self) -> str:
+        if self.depth:
+            return "draft"
+        return "resampled" if self.resampled else "target"
+
+    def describe(self) -> str:
+        """Hover text: step, provenance, probability under the target."""
+        if self.depth:
+            what = f"accepted draft token {self.depth}"
+        elif self.resampled:
+            what = "target's token, resampled after a rejection"
+        else:
+            what = "target's own token" + (" (prefill)" if self.step == 0 else "")
+        return f"step {self.step} · {what} · p = {self.prob:.3f}"
+
+
+def provenance(token_ids: list[int], num_accepted: int, resampled: bool) -> list[tuple[int, bool]]:
+    """(depth, resampled) of each token one step emitted: the accepted drafts first, then the
+    target's own token (absent when a stop token or the budget cut the step short)."""
+    return [(i + 1, False) if i < num_accepted else (0, resampled) for i in range(len(token_ids))]
+
+
+class IncrementalDecoder:
+    """Per-token text of a growing reply: decode a window of the ids and take what the new token
+    added. A token that leaves a character incomplete gets "" and the token that completes it
+    carries the character. The window starts at a token boundary where text was complete."""
+
+    def __init__(self, tokenizer, window: int = 32):
+        self.tokenizer = tokenizer
+        self.window = window
+        self.ids: list[int] = []
+        self.start = 0  # first id of the decode window (always a complete-text boundary)
+        self.prefix_len = 0  # len(decode(ids[start:committed]))
+        self.boundaries = [0]  # indices after which the decoded text was complete
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        text = self._decode(self.ids[self.start:])
+        if text.endswith("\ufffd"):
+            return ""
+        piece = text[self.prefix_len:]
+        end = len(self.ids)
+        self.boundaries.append(end)
+        if end - self.start > 2 * self.window:  # slide the window to a recent complete boundary
+            self.start = next(b for b in reversed(self.boundaries) if b <= end - self.window)
+            self.boundaries = [b for b in self.boundaries if b >= self.start]
+            self.prefix_len = len(self._decode(self.ids[self.start:]))
+        else:
+            self.prefix_len = len(text)
+        return piece
+
+    def flush(self) -> str:
+        """Whatever text is still held back (an incomplete character at the very end)."""
+        text = self._decode(self.ids[self.start:])
+        piece = text[self.prefix_len:]
+        self.prefix_len = len(text)
+        return piece
+
+
+def token_span(p: TokenPiece) -> str:
+    if not p.text:
+        return ""
+    if p.depth:
+        color = "#fff" if p.depth >= DARK_FROM_DEPTH else "#1b1b1b"
+        style = f' style="background:{depth_color(p.depth)};color:{color}"'
+        cls = f"sl-tok sl-draft sl-d{p.depth}"
+    elif p.resampled:
+        style, cls = f' style="{RESAMPLED_STYLE}"', "sl-tok sl-resampled"
+    else:
+        style, cls = "", "sl-tok sl-own"
+    return f'<span class="{cls}"{style} title="{escape(p.describe())}">{escape(p.text)}</span>'
+
+
+def render_reply(pieces: list[TokenPiece]) -> str:
+    """The highlighted text of one reply."""
+    return f'<div class="sl-text sl-reply" style="{TEXT_STYLE}">{"".join(token_span(p) for p in pieces)}</div>'
+
+
+def render_user(text: str) -> str:
+    return f'<div class="sl-text sl-user-text" style="{TEXT_STYLE}">{escape(text)}</div>'
+
+
+def render_turn(role: str, body_html: str, label: str = "", note: str = "") -> str:
+    head = escape(label or ("You" if role == "user" else "Model"))
+    tail = f'<div class="sl-note">{escape(note)}</div>' if note else ""
+    return (f'<div class="sl-turn sl-{role}"><div class="sl-role">{head}</div>'
+            f"{body_html}{tail}</div>")
+
+
+def render_legend(k: int) -> str:
+    """Colour key: accepted draft tokens by depth 1..k, the target's own token, resampled tokens."""
+    k = max(1, min(k, len(DEPTH_COLORS)))
+    swatches = "".join(
+        f'<span class="sl-swatch" style="background:{depth_color(d)};color:'
+        f'{"#fff" if d >= DARK_FROM_DEPTH else "#1b1b1b"}" title="accepted draft token at depth {d}">{d}</span>'
+        for d in range(1, k + 1))
+    return ('<div class="sl-legend">'
+            f'<span class="sl-legend-item">accepted draft token, by depth in the draft: {swatches}</span>'
+            '<span class="sl-legend-item"><span class="sl-swatch sl-own" title="the target\'s own token">'
+            "abc</span> the target's own token (1 per step)</span>"
+            f'<span class="sl-legend-item"><span class="sl-swatch" style="{RESAMPLED_STYLE}" '
+            'title="resampled after a rejection">abc</span> resampled after a rejection (T &gt; 0)</span>'
+            "</div>")
+
+
+def _row(name: str, value: str, definition: str = "") -> str:
+    tip = f' title="{escape(definition)}"' if definition else ""
+    note = f'<div class="sl-def">{escape(definition)}</div>' if definition else ""
+    return f'<tr{tip}><th>{escape(name)}</th><td>{escape(value)}{note}</td></tr>'
+
+
+def render_stats(stats: dict, definitions: dict[str, str]) -> str:
+    """The stats panel: AcceptanceStats.summary() numbers plus method, mode, device and dtype, each
+    with its one-line definition beside it (and on hover)."""
+    if "mean_acceptance_length" not in stats:
+        return (f'<div class="sl-stats sl-empty">No generation yet. Running on {escape(stats.get("device", "?"))}, '
+                f'{escape(stats.get("dtype", "?"))}.</div>')
+    d = definitions
+    per_pos = " · ".join(f"{i + 1}: {r:.0%}" for i, r in enumerate(stats["acceptance_per_position"])) or "-"
+    rows = [
+        _row("mean acceptance length", f'{stats["mean_acceptance_length"]:.2f}', d["mean_acceptance_length"]),
+        _row("acceptance at each token", per_pos, d["acceptance_per_position"]),
+        _row("tokens/s", f'{stats["tokens_per_s"]:.1f}', d["tokens_per_s"]),
+        _row("draft ms / step", f'{stats["mean_draft_ms"]:.1f}', d["draft_ms"]),
+        _row("verify ms / step", f'{stats["mean_verify_ms"]:.1f}', d["verify_ms"]),
+        _row("steps", f'{stats["num_steps"]} (+ prefill, {stats["prefill_ms"]:.0f} ms)',
+             "Target forwards after the prefill; each emits accepted drafts + 1 tokens."),
+        _row("tokens", str(stats["num_generated"]), "Tokens generated, the prefill's first token included."),
+        _row("method · mode", f'{stats["method"]} · {stats["mode"]}', ""),
+        _row("device · dtype", f'{stats["device"]} · {stats["dtype"]}', ""),
+    ]
+    return f'<table class="sl-stats">{"".join(rows)}</table>'
+
+
+def render_comparison(speedup: float, spec_tps: float, base_tps: float, identical: bool | None,
+                      first_difference: int | None, dtype: str = "float32") -> str:
+    """The speedup over target-only decoding and, at T = 0, the losslessness check."""
+    lines = [f'<div class="sl-speedup"><b>{speedup:.2f}×</b> vs target-only '
+             f"({spec_tps:.1f} vs {base_tps:.1f} tokens/s, same mode)</div>"]
+    if identical is None:
+        lines.append('<div class="sl-identity">T &gt; 0: the two samples differ by design; speculative '
+                     "sampling keeps the target's distribution.</div>")
+    elif identical:
+        lines.append('<div class="sl-identity sl-ok">✓ T = 0: token-identical to target-only decoding '
+                     "(lossless).</div>")
+    else:
+        note = (f" In {escape(dtype)}, matrix products of different shapes can round differently."
+                if dtype != "float32" else "")
+        lines.append(f'<div class="sl-identity sl-bad">✗ T = 0: differs from target-only decoding at token '
+                     f"{first_difference}.{note}</div>")
+    return '<div class="sl-compare">' + "".join(lines) + "</div>"

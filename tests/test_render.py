@@ -1,0 +1,154 @@
+"""Token provenance -> escaped HTML (demo/render.py): escaping, structure, provenance marks, and
+per-token text from incremental decoding."""
+
+from html.parser import HTMLParser
+
+import pytest
+
+from demo.metrics import DEFINITIONS
+from demo.render import (DEPTH_COLORS, IncrementalDecoder, TokenPiece, depth_color, provenance, render_comparison,
+                         render_legend, render_reply, render_stats, render_user)
+from tests.tiny_chat import byte_tokenizer
+
+
+class _Text(HTMLParser):
+    """Collects the text a browser would show, and the tags it would build."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.text, self.tags = "", []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text += data
+
+
+def shown(html: str) -> _Text:
+    p = _Text()
+    p.feed(html)
+    return p
+
+
+def pieces_of(texts, depths=None) -> list[TokenPiece]:
+    depths = depths or [0] * len(texts)
+    return [TokenPiece(i, t, step=1 + i // 4, depth=d, prob=0.5) for i, (t, d) in enumerate(zip(texts, depths))]
+
+
+@pytest.mark.parametrize("text", ["<script>alert(1)</script>", '<img src=x onerror="alert(1)">',
+                                  "</div><b>bold</b>", "a & b < c > d \"q\" 'q'"])
+def test_markup_in_model_output_shows_as_text(text):
+    html = render_reply(pieces_of([text[:5], text[5:]], [1, 0]))
+    page = shown(html)
+    assert page.text == text
+    assert [t for t, _ in page.tags] == ["div", "span", "span"]  # no tag from the text itself
+    assert "<script" not in html and "<img" not in html
+
+
+def test_markup_in_user_text_shows_as_text():
+    text = "<script>alert('x')</script>\n<b>hi</b>"
+    page = shown(render_user(text))
+    assert page.text == text and [t for t, _ in page.tags] == ["div"]
+
+
+def test_template_syntax_of_gradio_html_is_escaped():
+    # gr.HTML treats its value as a JS template string and a Handlebars template (and @children)
+    text = "{{value}} ${alert(1)} `x` @children"
+    html = render_reply(pieces_of([text]))
+    assert shown(html).text == text
+    for raw in ("{{", "${", "`", "@children"):
+        assert raw not in html
+
+
+def test_code_blocks_lists_and_newlines_keep_their_shape():
+    text = "Here:\n```python\ndef f(x):\n    return x * 2\n```\n- one\n- two\n\n1. first"
+    tokens = ["Here", ":\n", "```", "python", "\n", "def", " f", "(x):\n", "    return", " x", " *", " 2",
+              "\n```\n", "- one", "\n- two", "\n\n", "1.", " first"]
+    assert "".join(tokens) == text
+    html = render_reply(pieces_of(tokens, [i % 3 for i in range(len(tokens))]))
+    assert shown(html).text == text  # every newline and indent survives as text
+    assert "white-space:pre-wrap" in html  # and the block shows it (no Markdown, no <br> juggling)
+
+
+def test_accepted_drafts_are_coloured_by_depth_and_own_tokens_are_plain():
+    pieces = [TokenPiece(1, "a", 3, 1, 0.9), TokenPiece(2, "b", 3, 2, 0.8), TokenPiece(3, "c", 3, 0, 0.5),
+              TokenPiece(4, "d", 4, 0, 0.25, resampled=True)]
+    tags = [attrs for tag, attrs in shown(render_reply(pieces)).tags if tag == "span"]
+    assert tags[0]["class"] == "sl-tok sl-draft sl-d1" and depth_color(1) in tags[0]["style"]
+    assert tags[1]["class"] == "sl-tok sl-draft sl-d2" and depth_color(2) in tags[1]["style"]
+    assert tags[2]["class"] == "sl-tok sl-own" and "style" not in tags[2]
+    assert tags[3]["class"] == "sl-tok sl-resampled" and "wavy" in tags[3]["style"]
+    assert len(set(DEPTH_COLORS)) == len(DEPTH_COLORS) == 10
+
+
+def test_hover_shows_step_depth_and_probability():
+    tags = [a for t, a in shown(render_reply([TokenPiece(7, "x", 4, 2, 0.8125),
+                                               TokenPiece(8, "y", 0, 0, 0.5)])).tags if t == "span"]
+    assert tags[0]["title"] == "step 4 · accepted draft token 2 · p = 0.812"
+    assert tags[1]["title"] == "step 0 · target's own token (prefill) · p = 0.500"
+
+
+def test_provenance_of_a_step():
+    # 3 drafts accepted, then the target's own token
+    assert provenance([5, 6, 7, 8], 3, False) == [(1, False), (2, False), (3, False), (0, False)]
+    # a stop token cut the step after 2 accepted drafts: no own token in it
+    assert provenance([5, 6], 3, False) == [(1, False), (2, False)]
+    # T > 0: 1 accepted, then a token resampled after the rejection
+    assert provenance([5, 9], 1, True) == [(1, False), (0, True)]
+
+
+@pytest.mark.parametrize("text", ["你好，世界！这是中文。", "emoji 😀👍🏽 and e\u0301 and Ελληνικά", "mixed: a你b😀c\nd"])
+def test_non_latin_text_decodes_per_token_without_broken_characters(text):
+    tok = byte_tokenizer()  # one token per byte: every non-ASCII character spans several tokens
+    ids = tok(text)["input_ids"]
+    dec = IncrementalDecoder(tok, window=4)  # a small window also exercises the window sliding
+    pieces = [dec.push(i) for i in ids] + [dec.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert pieces.count("") >= len(ids) - len(text)  # tokens inside a character carry no text
+    html = render_reply(pieces_of(pieces[:-1], [1] * len(ids)))
+    assert shown(html).text == text
+
+
+class _SentencePieceLike:
+    """Decodes like SentencePiece: '▁' is a space, and the first token's leading space is dropped."""
+
+    vocab = ["▁Hello", "▁world", "!", "▁how", "▁are", "▁you", "?", "\n", "▁I", "'m", "▁fine"]
+
+    def decode(self, ids, **kwargs):
+        return "".join(self.vocab[i] for i in ids).replace("▁", " ").removeprefix(" ")
+
+
+def test_sentencepiece_spaces_come_out_right_across_the_window():
+    tok = _SentencePieceLike()
+    ids = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 3
+    dec = IncrementalDecoder(tok, window=3)
+    pieces = [dec.push(i) for i in ids]
+    assert "".join(pieces) == tok.decode(ids)
+    assert pieces[:4] == ["Hello", " world", "!", " how"]
+    assert pieces[11:13] == [" Hello", " world"]  # after a window slide, leading spaces are kept
+
+
+def test_legend_shows_one_swatch_per_depth():
+    legend = render_legend(5)
+    for d in range(1, 6):
+        assert depth_color(d) in legend
+    assert depth_color(6) not in legend
+    assert "target's own token" in shown(legend).text and "resampled" in legend
+
+
+def test_stats_panel_shows_numbers_with_their_definitions():
+    stats = {"mean_acceptance_length": 2.5, "acceptance_per_position": [0.9, 0.5, 0.1], "tokens_per_s": 12.3,
+             "mean_draft_ms": 1.5, "mean_verify_ms": 4.25, "num_steps": 10, "prefill_ms": 20.0, "num_generated": 26,
+             "method": "eagle3", "mode": "eager", "device": "cpu", "dtype": "float32"}
+    text = shown(render_stats(stats, DEFINITIONS)).text
+    for value in ("2.50", "1: 90%", "2: 50%", "3: 10%", "12.3", "1.5", "4.2", "10", "eagle3 · eager", "cpu · float32"):
+        assert value in text
+    assert DEFINITIONS["mean_acceptance_length"] in text and DEFINITIONS["acceptance_per_position"] in text
+
+
+def test_comparison_reports_speedup_and_identity():
+    assert "✓" in render_comparison(2.0, 20.0, 10.0, True, None) and "2.00×" in render_comparison(2.0, 20, 10, True, None)
+    assert "token 7" in render_comparison(1.1, 11, 10, False, 7)
+    assert "differ by design" in render_comparison(1.5, 15, 10, None, None)
