@@ -1,0 +1,443 @@
+"""The service the app calls: loaded models, engines per (mode, method), request checks, and
+generations turned into view updates. No Gradio here; views.py maps these objects onto components.
+
+- ``Session`` holds one target and a drafter per method ("eagle", "eagle3"). Engines are made on
+  first use per (mode, method) and share the target (and its KV cache: one generation at a time);
+  a new drafter reaches its engines through ``Engine.set_drafter``, so the target is not reloaded.
+- ``Request`` is one generation's settings; ``Session.check`` refuses bad input with a
+  ``RequestError`` (shown to the user) before any engine call.
+- ``ChatState`` (per browser session, deep-copyable) holds the turns and the latest run's trace.
+- ``Session.reply`` streams one ``Update`` per decoding step; with ``compare`` it then runs the
+  same prompt target-only (``GenerationConfig(speculate=False)``, same engine) for the speedup and,
+  at T = 0, the token-identity check.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+import torch
+
+from demo.drafter_common import DrafterConfig
+from demo.engine import MODES, Engine, GenerationConfig, StepEvent
+from demo.figures import StepPoint
+from demo.metrics import AcceptanceStats
+from demo.prompts import chat_ids
+from demo.render import IncrementalDecoder, TokenPiece, provenance, render_reply, render_turn, render_user
+from demo.target import Target
+
+DRAFT_METHODS = ("eagle", "eagle3")
+METHODS = ("none",) + DRAFT_METHODS
+METHOD_LABELS = {"none": "target only", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
+MODE_LABELS = {"eager": "eager", "cudagraph": "CUDA graph"}
+RANDOM_INIT = "random-init (untrained)"
+
+# Allowed ranges of the settings (inclusive), checked before any engine call.
+LIMITS = {
+    "num_spec_tokens": (1, 10),
+    "temperature": (0.0, 2.0),
+    "top_p": (0.01, 1.0),
+    "max_new_tokens": (1, 2048),
+    "seed": (0, 2**31 - 1),
+}
+
+Progress = Callable[[float, str], None]  # (fraction done, what is happening)
+
+
+class RequestError(ValueError):
+    """Bad input; the message is shown to the user and no engine was called."""
+
+
+@dataclass
+class Request:
+    prompt: str
+    method: str = "eagle3"
+    mode: str = "eager"
+    num_spec_tokens: int = 3
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0
+    compare: bool = False  # then run the same prompt target-only for the speedup
+
+    def generation_config(self) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=int(self.max_new_tokens), num_spec_tokens=int(self.num_spec_tokens),
+                                speculate=self.method != "none", temperature=float(self.temperature),
+                                top_p=float(self.top_p), seed=int(self.seed))
+
+
+@dataclass
+class Turn:
+    role: str  # "user" or "assistant"
+    text: str
+    pieces: list[TokenPiece] = field(default_factory=list)  # assistant turns: token provenance
+    label: str = ""
+    state: str = "done"  # "streaming", "done", or "stopped" (Stop pressed while streaming)
+
+    def html(self) -> str:
+        if self.role == "user":
+            return render_turn("user", render_user(self.text), "You")
+        note = {"streaming": "generating…", "stopped": "(stopped)"}.get(self.state, "")
+        return render_turn("assistant", render_reply(self.pieces), self.label, note)
+
+
+@dataclass
+class RunTrace:
+    """The latest speculative run: what the charts and the stats panel show."""
+
+    method: str
+    mode: str
+    num_spec_tokens: int
+    stats: AcceptanceStats
+    points: list[StepPoint] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Comparison:
+    """Speculative run vs the same prompt target-only, in the same mode."""
+
+    speculative_tokens_per_s: float
+    baseline_tokens_per_s: float
+    greedy: bool
+    identical: bool | None  # T = 0 only: the two replies are token-identical
+    first_difference: int | None  # index of the first differing token, when not identical
+    baseline_text: str
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
+
+
+@dataclass
+class ChatState:
+    """One browser session's conversation (kept in gr.State; deep-copyable)."""
+
+    turns: list[Turn] = field(default_factory=list)
+    trace: RunTrace | None = None
+    comparison: Comparison | None = None
+
+    def mark_stopped(self) -> None:
+        """A turn still streaming when Stop was pressed (or a new message came) was stopped."""
+        for t in self.turns:
+            if t.state == "streaming":
+                t.state = "stopped"
+
+    def messages(self) -> list[dict]:
+        return [{"role": t.role, "content": t.text} for t in self.turns]
+
+    def html(self) -> str:
+        return '<div class="sl-chat">' + "".join(t.html() for t in self.turns) + "</div>"
+
+
+@dataclass
+class Update:
+    """One view update: the conversation, the numbers, and what is going on."""
+
+    chat: ChatState
+    status: str
+    done: bool = False
+
+    @property
+    def html(self) -> str:
+        return self.chat.html()
+
+
+@dataclass
+class ModelChoice:
+    """Which target and drafters to load: preset names resolved to specs (paths or hub ids)."""
+
+    name: str
+    target: str = "default"
+    drafters: dict[str, str | None] = field(default_factory=dict)  # method -> spec; None: none
+    fallback: bool = True  # a drafter that cannot be loaded becomes a random-init one (with a warning)
+
+
+def preset_choice(name: str | None = None) -> ModelChoice:
+    """A ModelChoice for a preset of demo/presets.py (the default preset when name is None)."""
+    from demo.checkpoints import DrafterLoadError
+    from demo.presets import DEFAULT_PRESET, get_preset
+
+    preset = get_preset(name or DEFAULT_PRESET)
+    drafters = {}
+    for method in DRAFT_METHODS:
+        try:
+            drafters[method] = preset.drafter(method) if method in preset.methods else None
+        except DrafterLoadError:
+            drafters[method] = str(getattr(preset, method))  # missing bundled drafter: load() falls back
+    return ModelChoice(name=preset.name, target=preset.target, drafters=drafters)
+
+
+def preset_names() -> list[str]:
+    from demo.presets import DEFAULT_PRESET, PRESETS
+
+    return [DEFAULT_PRESET] + [n for n in PRESETS if n != DEFAULT_PRESET]
+
+
+def random_drafter(method: str, target: Target):
+    """An untrained drafter shaped like one target layer: the app still runs (acceptance near 0)."""
+    from demo.drafter_eagle import EagleDrafter
+    from demo.drafter_eagle3 import Eagle3Drafter
+
+    cfg = DrafterConfig.for_target(method, target.config)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return (EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg)
+
+
+class Session:
+    """The loaded models and their engines; one generation at a time (the app's concurrency is 1)."""
+
+    def __init__(self, hf_model, tokenizer, drafters: dict | None = None, *, name: str = "custom",
+                 target_spec: str = "", max_context: int = 2048, drafter_labels: dict | None = None,
+                 warnings: list[str] | None = None):
+        self.max_context_asked = max_context
+        self.load_args = dict(device=str(hf_model.device), dtype=str(hf_model.dtype).replace("torch.", ""))
+        self._set_target(hf_model, tokenizer, name, target_spec, max_context)
+        self.drafters: dict = {m: None for m in DRAFT_METHODS}
+        self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
+        for method, drafter in (drafters or {}).items():
+            self.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
+        self.warnings = list(warnings or [])
+
+    def _set_target(self, hf_model, tokenizer, name: str, target_spec: str, max_context: int) -> None:
+        self.hf, self.tokenizer, self.name, self.target_spec = hf_model, tokenizer, name, target_spec
+        self.target = Target(hf_model)
+        self.max_context = min(max_context, self.target.config.max_position_embeddings)
+        self._engines: dict[tuple[str, str], Engine] = {}
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, choice: ModelChoice, *, device: str = "auto", dtype: str = "auto", max_context: int = 2048,
+             progress: Progress | None = None) -> "Session":
+        from demo.loading import load_target
+
+        say = progress or (lambda f, d: None)
+        say(0.0, f"loading target {choice.target}")
+        hf, tok = load_target(choice.target, device, dtype)
+        session = cls(hf, tok, name=choice.name, target_spec=choice.target, max_context=max_context)
+        session.load_args = dict(device=device, dtype=dtype)
+        session.load_drafters(choice, progress=say)
+        return session
+
+    def switch(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
+        """Load `choice`: the target only when it differs from the loaded one, then the drafters
+        (each swapped in with Engine.set_drafter). Returns the warnings to show."""
+        from demo.loading import load_target
+
+        say = progress or (lambda f, d: None)
+        if choice.target != self.target_spec:
+            say(0.0, f"loading target {choice.target}")
+            hf, tok = load_target(choice.target, **self.load_args)
+            self._set_target(hf, tok, choice.name, choice.target, self.max_context_asked)
+            self.drafters = {m: None for m in DRAFT_METHODS}
+        self.name = choice.name
+        return self.load_drafters(choice, progress=say)
+
+    def load_drafters(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
+        """Load the drafters `choice` names; with `choice.fallback` a missing or unloadable one
+        becomes a clearly-labelled random-init drafter. Returns (and keeps) the warnings."""
+        from demo.checkpoints import DrafterLoadError, load_drafter
+
+        say = progress or (lambda f, d: None)
+        warnings = []
+        for i, method in enumerate(DRAFT_METHODS):
+            spec = choice.drafters.get(method)
+            say(0.4 + 0.3 * i, f"loading {METHOD_LABELS[method]} drafter")
+            if spec is None:
+                self.set_drafter(method, None, "none")
+                continue
+            try:
+                drafter = load_drafter(spec, self.target, method=method)
+                warnings += [f"{METHOD_LABELS[method]}: {w}" for w in drafter.cfg.warnings]
+                self.set_drafter(method, drafter, str(spec))
+            except (DrafterLoadError, OSError) as e:
+                if not choice.fallback:
+                    raise RequestError(f"{METHOD_LABELS[method]} drafter {spec}: {e}") from e
+                warnings.append(f"{METHOD_LABELS[method]}: no trained drafter could be loaded ({e}). Using a "
+                                f"{RANDOM_INIT} drafter: the app works, but almost no draft token is accepted.")
+                self.set_drafter(method, random_drafter(method, self.target), RANDOM_INIT)
+        self.warnings = warnings
+        return warnings
+
+    def set_drafter(self, method: str, drafter, label: str) -> None:
+        """Use `drafter` for `method` in every engine made for it, without touching the target."""
+        self.drafters[method] = drafter
+        self.drafter_labels[method] = label if drafter is not None else "none"
+        for (mode, m), engine in self._engines.items():
+            if m == method:
+                engine.set_drafter(drafter)
+
+    # ------------------------------------------------------------------ engines
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def cudagraph_unavailable(self) -> str | None:
+        """Why CUDA-graph mode cannot run here, or None when it can."""
+        if self.device.type != "cuda":
+            return f"CUDA graphs need a CUDA GPU; this app runs on {self.device.type}"
+        return None
+
+    def methods(self) -> list[str]:
+        return ["none"] + [m for m in DRAFT_METHODS if self.drafters[m] is not None]
+
+    def engine(self, method: str, mode: str) -> Engine:
+        key = (mode, method)
+        if key not in self._engines:
+            drafter = None if method == "none" else self.drafters[method]
+            self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context)
+        return self._engines[key]
+
+    def describe(self) -> dict:
+        return {"model": self.name, "device": str(self.device),
+                "dtype": str(self.target.dtype).replace("torch.", ""), "max_context": self.max_context,
+                "drafters": dict(self.drafter_labels)}
+
+    def warmup(self, modes: tuple[str, ...] = ("eager",), num_spec_tokens: int = 3) -> float:
+        """One tiny generation per mode with the default method (kernels, allocations, and in
+        cudagraph mode the capture for k = num_spec_tokens). Returns the seconds it took."""
+        start = time.perf_counter()
+        ids = self.tokenizer("Hi")["input_ids"] or [0]
+        gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_spec_tokens)
+        for mode in modes:
+            for _ in self.engine(self.methods()[-1], mode).generate(ids, gen):
+                pass
+        return time.perf_counter() - start
+
+    # ------------------------------------------------------------------ requests
+    def check(self, request: Request, chat: ChatState | None = None) -> list[int]:
+        """Refuse bad input with a RequestError; return the prompt ids of the conversation so far
+        plus `request.prompt` as the next user turn."""
+        if not isinstance(request.prompt, str) or not request.prompt.strip():
+            raise RequestError("The prompt is empty: type a message first.")
+        if request.method not in METHODS:
+            raise RequestError(f"Unknown method {request.method!r}: choose one of {', '.join(METHODS)}.")
+        if request.method != "none" and self.drafters[request.method] is None:
+            raise RequestError(f"{self.name} has no {METHOD_LABELS[request.method]} drafter loaded; "
+                               f"choose one of: {', '.join(METHOD_LABELS[m] for m in self.methods())}.")
+        if request.mode not in MODES:
+            raise RequestError(f"Unknown mode {request.mode!r}: choose one of {', '.join(MODES)}.")
+        if request.mode == "cudagraph" and self.cudagraph_unavailable():
+            raise RequestError(self.cudagraph_unavailable() + ": use eager mode.")
+        for name, (lo, hi) in LIMITS.items():
+            value = getattr(request, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise RequestError(f"{name} must be a number, not {value!r}.")
+            if isinstance(lo, int) and value != int(value):
+                raise RequestError(f"{name} must be a whole number, not {value}.")
+            if not lo <= value <= hi:
+                raise RequestError(f"{name} = {value} is out of range: allowed {lo} to {hi}.")
+        history = (chat or ChatState()).messages()
+        if history and history[-1]["role"] == "user":  # an unanswered turn is replaced
+            history = history[:-1]
+        ids = chat_ids(self.tokenizer, history + [{"role": "user", "content": request.prompt}])
+        k = request.num_spec_tokens if request.method != "none" else 0
+        need = len(ids) + int(request.max_new_tokens) + k + 1
+        if need > self.max_context:
+            what = "conversation" if history else "prompt"
+            raise RequestError(f"The {what} is {len(ids)} tokens; with max new tokens {int(request.max_new_tokens)} "
+                               f"it needs {need} of the {self.max_context}-token context. Shorten it, lower max new "
+                               "tokens" + (", or clear the chat." if history else "."))
+        return ids
+
+    def add_user_turn(self, chat: ChatState, request: Request) -> ChatState:
+        """The fast first half of a chat exchange: check the request, then append the user's turn
+        (replacing an unanswered one)."""
+        self.check(request, chat)
+        chat.mark_stopped()
+        turns = list(chat.turns)
+        if turns and turns[-1].role == "user":
+            turns.pop()
+        return replace(chat, turns=turns + [Turn("user", request.prompt)])
+
+    def reply(self, chat: ChatState, request: Request) -> Iterator[Update]:
+        """Generate the assistant's turn for the conversation (ending with the user's turn), one
+        Update per decoding step; then, with request.compare, the target-only comparison."""
+        if not chat.turns or chat.turns[-1].role != "user":
+            raise RequestError("Nothing to answer: send a message first.")
+        history = ChatState(turns=chat.turns[:-1])
+        ids = self.check(replace(request, prompt=chat.turns[-1].text), history)
+        engine = self.engine(request.method, request.mode)
+        gen = request.generation_config()
+        k = gen.num_spec_tokens if request.method != "none" else 0
+        turn = Turn("assistant", "", label=self._label(request, k), state="streaming")
+        chat.turns.append(turn)
+        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k))
+        chat.comparison = None
+        decoder = IncrementalDecoder(self.tokenizer)
+        for event in engine.generate(ids, gen):
+            self._absorb(event, decoder, turn, chat.trace)
+            yield Update(chat, f"generating: step {event.step}, {len(turn.pieces)} tokens")
+        tail = decoder.flush()
+        if tail and turn.pieces:
+            turn.pieces[-1].text += tail
+            turn.text += tail
+        turn.state = "done"
+        if request.compare:
+            yield from self._compare(chat, ids, engine, gen, request)
+        yield Update(chat, self._done_status(chat), done=True)
+
+    def generate(self, request: Request) -> Iterator[Update]:
+        """One single-turn generation (the API): a fresh conversation with request.prompt."""
+        chat = self.add_user_turn(ChatState(), request)
+        yield from self.reply(chat, request)
+
+    # ------------------------------------------------------------------ internals
+    def _label(self, request: Request, k: int) -> str:
+        method = METHOD_LABELS[request.method]
+        if request.method != "none":
+            method += f" (k = {k}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT else "") + ")"
+        return f"{self.name} · {method} · {MODE_LABELS[request.mode]}"
+
+    @staticmethod
+    def _absorb(event: StepEvent, decoder: IncrementalDecoder, turn: Turn, trace: RunTrace) -> None:
+        for token, prob, (depth, resampled) in zip(event.token_ids, event.token_probs,
+                                                    provenance(event.token_ids, event.num_accepted, event.resampled)):
+            text = decoder.push(token)
+            turn.pieces.append(TokenPiece(token, text, event.step, depth, float(prob), resampled))
+            turn.text += text
+        trace.stats = event.stats
+        trace.finish_reason = event.finish_reason
+        if event.step > 0:
+            trace.points.append(StepPoint(event.step, len(event.draft_ids), event.num_accepted, len(event.token_ids),
+                                          event.draft_ms, event.verify_ms, event.stats.elapsed_s,
+                                          event.stats.tokens_per_s))
+
+    def _compare(self, chat: ChatState, ids: list[int], engine: Engine, gen: GenerationConfig,
+                 request: Request) -> Iterator[Update]:
+        tokens: list[int] = []
+        stats = None
+        for event in engine.generate(ids, replace(gen, speculate=False)):
+            tokens += event.token_ids
+            stats = event.stats
+            yield Update(chat, f"target-only baseline: {len(tokens)} tokens")
+        spec_tokens = [p.token_id for p in chat.turns[-1].pieces]
+        greedy = gen.temperature <= 0
+        identical = first = None
+        if greedy:
+            identical = tokens == spec_tokens
+            if not identical:
+                first = next((i for i, (a, b) in enumerate(zip(tokens, spec_tokens)) if a != b),
+                             min(len(tokens), len(spec_tokens)))
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        chat.comparison = Comparison(chat.trace.stats.tokens_per_s, stats.tokens_per_s, greedy, identical, first, text)
+
+    def _done_status(self, chat: ChatState) -> str:
+        trace = chat.trace
+        s = trace.stats
+        reason = {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done")
+        return (f"done ({reason}): {s.num_generated} tokens in {s.num_steps + 1} target forwards, "
+                f"{s.tokens_per_s:.1f} tokens/s")
+
+
+def panel_stats(session: Session, trace: RunTrace | None) -> dict:
+    """The stats panel's numbers (also the API's `stats`): AcceptanceStats.summary() plus the run's
+    method, mode, device and dtype."""
+    info = session.describe()
+    if trace is None:
+        return {"device": info["device"], "dtype": info["dtype"]}
+    return {**trace.stats.summary(), "method": trace.method, "mode": trace.mode, "device": info["device"],
+            "dtype": info["dtype"]}
