@@ -1,0 +1,64 @@
+"""SpecLens: watch a target LLM generate with an EAGLE or EAGLE-3 drafter.
+
+    python app.py                       # the embedded default (SmolLM2-135M-Instruct), GPU if there is one
+    python app.py --preset "Qwen3-8B"   # another preset of demo/presets.py
+    python app.py --target DIR --eagle3-drafter DIR
+
+Honours GRADIO_SERVER_NAME / GRADIO_SERVER_PORT. Launch and wiring only: the UI is demo/views.py,
+the models and requests demo/session.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default=None, help="a preset name of demo/presets.py (default: the embedded one)")
+    p.add_argument("--target", default=None, help="target: 'default', a local directory or a hub id (overrides the preset's)")
+    p.add_argument("--eagle-drafter", default=None, help="EAGLE drafter: a local directory or a hub id")
+    p.add_argument("--eagle3-drafter", default=None, help="EAGLE-3 drafter: a local directory or a hub id")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--max-context", type=int, default=2048, help="tokens of context (KV cache size)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the tiny warm-up generation")
+    p.add_argument("--share", action="store_true", help="also serve through a public Gradio link")
+    return p.parse_args(argv)
+
+
+def build_session(args: argparse.Namespace):
+    from demo.session import Session, preset_choice
+
+    choice = preset_choice(args.preset)
+    if args.target:
+        choice.target, choice.name = args.target, args.target
+        choice.drafters = {"eagle": None, "eagle3": None}
+    for method, spec in (("eagle", args.eagle_drafter), ("eagle3", args.eagle3_drafter)):
+        if spec:
+            choice.drafters[method] = spec
+    session = Session.load(choice, device=args.device, dtype=args.dtype, max_context=args.max_context,
+                           progress=lambda f, d: print(f"[speclens] {d}", flush=True))
+    for w in session.warnings:
+        print(f"[speclens] warning: {w}", flush=True)
+    return session
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    session = build_session(args)
+    if not args.no_warmup:
+        modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
+        print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
+    from demo.views import CSS_PATH, build_demo
+
+    demo = build_demo(session)
+    demo.queue(default_concurrency_limit=1)
+    print(f"[speclens] ready after {time.perf_counter() - start:.1f} s on {session.describe()['device']}", flush=True)
+    demo.launch(share=args.share, css_paths=[CSS_PATH])
+
+
+if __name__ == "__main__":
+    main()

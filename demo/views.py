@@ -1,0 +1,308 @@
+"""The Gradio UI: layout builders that return components, then one block that registers listeners.
+
+Handlers only translate between components and demo/session.py (which owns models, engines and
+request checks); figures come from demo/figures.py and HTML from demo/render.py.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import gradio as gr
+
+from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
+                          throughput_figure)
+from demo.metrics import DEFINITIONS, AcceptanceStats
+from demo.render import render_comparison, render_legend, render_stats
+from demo.session import (LIMITS, METHOD_LABELS, RANDOM_INIT, ChatState, ModelChoice, Request, RequestError,
+                          RunTrace, Session, panel_stats, preset_choice, preset_names)
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+CSS_PATH = ASSETS / "style.css"
+FIGURE_INTERVAL_S = 0.25  # charts refresh at most this often while streaming (the text: every step)
+ENGINE = "engine"  # concurrency group of everything that touches the models: one at a time
+
+
+def read_asset(name: str) -> str:
+    return (ASSETS / name).read_text(encoding="utf-8")
+
+
+def example_prompts() -> list[str]:
+    return json.loads(read_asset("examples.json"))
+
+
+@dataclass
+class Controls:
+    """The components the listeners read and write."""
+
+    chat: gr.State
+    conversation: gr.HTML
+    legend: gr.HTML
+    prompt: gr.Textbox
+    generate: gr.Button
+    stop: gr.Button
+    clear: gr.Button
+    status: gr.HTML
+    comparison: gr.HTML
+    notices: gr.HTML
+    preset: gr.Dropdown
+    target_spec: gr.Textbox
+    eagle_spec: gr.Textbox
+    eagle3_spec: gr.Textbox
+    load: gr.Button
+    method: gr.Radio
+    mode: gr.Radio
+    num_spec_tokens: gr.Slider
+    temperature: gr.Slider
+    top_p: gr.Slider
+    max_new_tokens: gr.Slider
+    seed: gr.Number
+    compare: gr.Checkbox
+    stats: gr.HTML
+    acceptance: gr.Plot
+    acceptance_length: gr.Plot
+    latency: gr.Plot
+    throughput: gr.Plot
+
+    @property
+    def settings(self) -> list:
+        """Request fields after the prompt, in Request's order."""
+        return [self.method, self.mode, self.num_spec_tokens, self.temperature, self.top_p, self.max_new_tokens,
+                self.seed, self.compare]
+
+    @property
+    def plots(self) -> list:
+        return [self.acceptance, self.acceptance_length, self.latency, self.throughput]
+
+
+def make_request(prompt, method, mode, num_spec_tokens, temperature, top_p, max_new_tokens, seed, compare) -> Request:
+    as_int = lambda v: int(v) if isinstance(v, float) and v.is_integer() else v  # noqa: E731 (sliders send floats)
+    return Request(prompt or "", method, mode, as_int(num_spec_tokens), temperature, top_p, as_int(max_new_tokens),
+                   as_int(seed), bool(compare))
+
+
+def status_html(text: str, kind: str = "info") -> str:
+    return f'<div class="sl-status-{kind}">{html.escape(text)}</div>' if text else ""
+
+
+def notices_html(session: Session) -> str:
+    items = "".join(f"<li>{html.escape(w)}</li>" for w in session.warnings)
+    return f'<div class="sl-warning"><b>⚠ Note</b><ul>{items}</ul></div>' if items else ""
+
+
+def figures_of(trace: RunTrace | None, k: int = 3) -> list:
+    stats = trace.stats if trace else AcceptanceStats(k)
+    points = trace.points if trace else []
+    return [acceptance_figure(stats), acceptance_length_figure(points), latency_figure(points),
+            throughput_figure(points)]
+
+
+def method_choices(session: Session) -> list[tuple[str, str]]:
+    return [(METHOD_LABELS[m] + (" (random-init)" if session.drafter_labels.get(m) == RANDOM_INIT else ""), m)
+            for m in session.methods()]
+
+
+def default_method(session: Session) -> str:
+    return session.methods()[-1]  # EAGLE-3 when loaded, else EAGLE, else target only
+
+
+# ---------------------------------------------------------------------- layout
+def build_chat_column() -> dict:
+    legend = gr.HTML(render_legend(3), elem_id="sl-legend")
+    conversation = gr.HTML(ChatState().html(), elem_id="sl-conversation")
+    with gr.Row(elem_id="sl-input-row"):
+        prompt = gr.Textbox(placeholder="Ask something, then press Generate (Shift+Enter for a new line)",
+                            show_label=False, lines=2, max_lines=8, scale=5, elem_id="sl-prompt")
+        with gr.Column(scale=1, min_width=130):
+            generate = gr.Button("Generate", variant="primary", elem_id="sl-generate")
+            with gr.Row():
+                stop = gr.Button("Stop", variant="stop", elem_id="sl-stop", min_width=55)
+                clear = gr.Button("Clear", elem_id="sl-clear", min_width=55)
+    status = gr.HTML("", elem_id="sl-status")
+    comparison = gr.HTML("", elem_id="sl-comparison")
+    gr.Examples([[p] for p in example_prompts()], inputs=[prompt], label="Example prompts")
+    return dict(legend=legend, conversation=conversation, prompt=prompt, generate=generate, stop=stop,
+                clear=clear, status=status, comparison=comparison)
+
+
+def build_settings(session: Session) -> dict:
+    preset = gr.Dropdown(preset_names(), value=session.name if session.name in preset_names() else None,
+                         label="Model preset", elem_id="sl-preset")
+    method = gr.Radio(method_choices(session), value=default_method(session), label="Drafting method",
+                      elem_id="sl-method")
+    unavailable = session.cudagraph_unavailable()
+    mode = gr.Radio([("eager", "eager"), ("CUDA graph", "cudagraph")], value="eager", label="Mode",
+                    interactive=unavailable is None, elem_id="sl-mode",
+                    info=f"CUDA graph unavailable: {unavailable}." if unavailable else
+                    "CUDA graph: each step replays graphs captured before the first request.")
+    lo, hi = LIMITS["num_spec_tokens"]
+    num_spec_tokens = gr.Slider(lo, hi, value=3, step=1, label="Speculative tokens k", elem_id="sl-k",
+                                info="draft tokens proposed per step")
+    temperature = gr.Slider(*LIMITS["temperature"], value=0.0, step=0.05, label="Temperature",
+                            info="0 = greedy (identical to target-only)", elem_id="sl-temperature")
+    top_p = gr.Slider(*LIMITS["top_p"], value=1.0, step=0.01, label="Top-p", elem_id="sl-top-p")
+    max_new_tokens = gr.Slider(1, 1024, value=128, step=1, label="Max new tokens", elem_id="sl-max-new")
+    seed = gr.Number(0, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
+                     elem_id="sl-seed")
+    compare = gr.Checkbox(False, label="Compare with target-only", elem_id="sl-compare",
+                          info="then run the same prompt without drafts: speedup, and at T = 0 a token-identity check")
+    with gr.Accordion("Your own models", open=False, elem_id="sl-custom"):
+        gr.Markdown("A local directory or a Hugging Face hub id (owner/name). An empty field keeps what is "
+                    "loaded; a new drafter does not reload the target.", elem_classes=["sl-caption"])
+        target_spec = gr.Textbox(label="Target", placeholder=session.target_spec, elem_id="sl-target-spec")
+        eagle_spec = gr.Textbox(label="EAGLE drafter", elem_id="sl-eagle-spec")
+        eagle3_spec = gr.Textbox(label="EAGLE-3 drafter", elem_id="sl-eagle3-spec")
+        load = gr.Button("Load", elem_id="sl-load")
+    return dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, temperature=temperature,
+                top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, compare=compare, target_spec=target_spec,
+                eagle_spec=eagle_spec, eagle3_spec=eagle3_spec, load=load)
+
+
+def build_chart(name: str, figure) -> gr.Plot:
+    with gr.Column(elem_classes=["sl-chart"], min_width=320):
+        plot = gr.Plot(figure, show_label=False, elem_id=f"sl-plot-{name}")
+        gr.Markdown(CHART_DEFINITIONS[name], elem_classes=["sl-caption"])
+    return plot
+
+
+def build_layout(session: Session) -> Controls:
+    with gr.Sidebar(open=True, width=340, elem_id="sl-sidebar"):
+        settings = build_settings(session)
+    gr.Markdown(read_asset("intro.md"), elem_id="sl-intro")
+    with gr.Accordion("What am I looking at?", open=True, elem_id="sl-explainer"):
+        gr.Markdown(read_asset("explainer.md"))
+    notices = gr.HTML(notices_html(session), elem_id="sl-notices")
+    empty = dict(zip(["acceptance", "acceptance_length", "latency", "throughput"], figures_of(None)))
+    with gr.Row(elem_id="sl-top"):
+        with gr.Column(scale=6, elem_id="sl-main"):
+            chat_parts = build_chat_column()
+        with gr.Column(scale=5, elem_id="sl-side"):
+            stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
+            plots = {n: build_chart(n, empty[n]) for n in ("acceptance", "acceptance_length")}
+    with gr.Row(elem_id="sl-bottom"):
+        plots.update({n: build_chart(n, empty[n]) for n in ("latency", "throughput")})
+    return Controls(chat=gr.State(ChatState()), notices=notices, stats=stats, **chat_parts, **settings, **plots)
+
+
+# ---------------------------------------------------------------------- listeners
+def register_listeners(c: Controls, session: Session) -> None:
+    def user(prompt, chat, *settings):
+        """Fast first half: check the request and show the user's turn (no engine call)."""
+        try:
+            chat = session.add_user_turn(chat, make_request(prompt, *settings))
+        except RequestError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        return {c.chat: chat, c.conversation: chat.html(), c.prompt: "", c.comparison: "",
+                c.status: status_html("starting…")}
+
+    def bot(chat, *settings) -> Iterator[dict]:
+        """Stream the reply: the text every step, the charts at most every FIGURE_INTERVAL_S."""
+        prompt = chat.turns[-1].text if chat.turns else ""
+        request = make_request(prompt, *settings)
+        last_figures = 0.0
+        try:
+            for update in session.reply(chat, request):
+                out = {c.chat: update.chat, c.conversation: update.html,
+                       c.status: status_html(update.status, "done" if update.done else "info"),
+                       c.stats: render_stats(panel_stats(session, update.chat.trace), DEFINITIONS)}
+                now = time.monotonic()
+                if update.done or now - last_figures >= FIGURE_INTERVAL_S:
+                    out.update(zip(c.plots, figures_of(update.chat.trace)))
+                    last_figures = now
+                if update.done and update.chat.comparison:
+                    cmp = update.chat.comparison
+                    out[c.comparison] = render_comparison(cmp.speedup, cmp.speculative_tokens_per_s,
+                                                          cmp.baseline_tokens_per_s, cmp.identical,
+                                                          cmp.first_difference, session.describe()["dtype"])
+                yield out
+        except RequestError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+
+    def stop(chat):
+        chat.mark_stopped()
+        return {c.chat: chat, c.conversation: chat.html(), c.status: status_html("stopped", "done")}
+
+    def clear():
+        chat = ChatState()
+        return {c.chat: chat, c.conversation: chat.html(), c.status: "", c.comparison: "",
+                c.stats: render_stats(panel_stats(session, None), DEFINITIONS),
+                **dict(zip(c.plots, figures_of(None)))}
+
+    def loaded(message: str) -> dict:
+        return {c.method: gr.update(choices=method_choices(session), value=default_method(session)),
+                c.notices: notices_html(session), c.status: status_html(message, "done"),
+                c.stats: render_stats(panel_stats(session, None), DEFINITIONS)}
+
+    def load_preset(name, progress=gr.Progress()):
+        try:
+            session.switch(preset_choice(name), progress=lambda f, d: progress(f, desc=d))
+        except Exception as e:  # a failed load leaves the previous models in place
+            raise gr.Error(f"Could not load {name}: {e}", print_exception=False) from None
+        return loaded(f"Loaded {name}.")
+
+    def load_custom(target, eagle, eagle3, progress=gr.Progress()):
+        target = (target or "").strip() or session.target_spec
+        drafters = {m: s.strip() for m, s in (("eagle", eagle or ""), ("eagle3", eagle3 or "")) if s.strip()}
+        name = session.name if target == session.target_spec else Path(target).name or target
+        choice = ModelChoice(name=name, target=target, drafters=drafters, fallback=False)
+        try:
+            session.switch(choice, progress=lambda f, d: progress(f, desc=d))
+        except Exception as e:
+            raise gr.Error(f"Could not load: {e}", print_exception=False) from None
+        return loaded(f"Loaded {name}" + (f" with drafters {', '.join(drafters.values())}." if drafters else "."))
+
+    def legend(k):
+        return render_legend(int(k))
+
+    ui = dict(api_visibility="private")
+    engine = dict(concurrency_id=ENGINE, **ui)
+    first = dict(fn=user, inputs=[c.prompt, c.chat, *c.settings],
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **ui)
+    then = dict(fn=bot, inputs=[c.chat, *c.settings], outputs=[c.chat, c.conversation, c.status, c.stats,
+                                                                  c.comparison, *c.plots],
+                show_progress="hidden", **engine)
+    runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
+    c.stop.click(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status], cancels=runs, queue=False, **ui)
+    c.clear.click(clear, outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots],
+                  cancels=runs, **ui)
+    loads = [c.method, c.notices, c.status, c.stats]
+    c.preset.input(load_preset, inputs=[c.preset], outputs=loads, **engine)
+    c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec], outputs=loads, **engine)
+    c.num_spec_tokens.change(legend, inputs=[c.num_spec_tokens], outputs=[c.legend], queue=False, **ui)
+
+
+def register_api(session: Session) -> None:
+    """The programmatic endpoint /generate (a contract: keep these names)."""
+
+    def generate(prompt: str, method: str = "eagle3", mode: str = "eager", num_spec_tokens: int = 3,
+                 temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
+                 seed: int = 0) -> Iterator[dict]:
+        """Generate a reply to `prompt` (one turn), streaming one value per decoding step. Each value
+        holds `html` (the highlighted rendering the UI shows), `text`, `stats` (the stats panel's
+        numbers: mean_acceptance_length, acceptance_per_position, tokens_per_s, ...), `status` and
+        `done`."""
+        request = Request(prompt, method, mode, num_spec_tokens, temperature, top_p, max_new_tokens, seed)
+        try:
+            for update in session.generate(request):
+                reply = update.chat.turns[-1]
+                yield {"html": update.html, "text": reply.text if reply.role == "assistant" else "",
+                       "stats": panel_stats(session, update.chat.trace), "status": update.status,
+                       "done": update.done, "finish_reason": update.chat.trace.finish_reason}
+        except RequestError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+
+    gr.api(generate, api_name="generate", concurrency_id=ENGINE)
+
+
+def build_demo(session: Session) -> gr.Blocks:
+    with gr.Blocks(title="SpecLens: watch speculative decoding", fill_width=True) as demo:
+        controls = build_layout(session)
+        register_listeners(controls, session)
+        register_api(session)
+    return demo
+
