@@ -1,0 +1,186 @@
+"""End to end in a real browser: headless Debian chromium driven by Selenium, against `python app.py`
+(the embedded default model) started in a subprocess on a free port.
+
+Needs the system packages `chromium` and `chromium-driver` (CI installs them; tests cannot download
+browsers here). Leaves a screenshot in artifacts/browser_e2e.png.
+
+    python -m tests.test_browser docs/screenshot.png   # a finished EAGLE-3 generation, for the README
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1500,1900"]
+
+
+def _missing() -> str | None:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        return "chromium and chromium-driver are not installed (apt-get install -y chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -r requirements-dev.txt)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(log_path: Path, *args: str, timeout: float = 240.0) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on a free port; returns (process, url) once the page answers."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"app.py did not answer within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_app(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def open_browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tempfile.mkdtemp(prefix='speclens-chromium-')}"]:
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def css(driver, selector: str) -> list:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def bundled_drafters_exist() -> bool:
+    return all((ROOT / "assets" / "drafters" / f"smollm2-135m-{m}" / "config.json").exists() for m in ("eagle", "eagle3"))
+
+
+def type_and_generate(driver, prompt: str) -> None:
+    box = wait_for(lambda: css(driver, "#sl-prompt textarea"), 60, "the prompt box")[0]
+    box.send_keys(prompt)
+    css(driver, "#sl-generate")[0].click()
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    ARTIFACTS.mkdir(exist_ok=True)
+    proc, url = start_app(ARTIFACTS / "browser_app.log")
+    yield url
+    stop_app(proc)
+
+
+@pytest.fixture
+def driver():
+    d = open_browser()
+    yield d
+    d.quit()
+
+
+def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, driver):
+    driver.get(app_url)
+    prompt = "Hi <b>there</b> {{name}}! Write a long story about a robot who learns to paint."
+    type_and_generate(driver, prompt)
+
+    # the user's markup shows as text, nothing of it runs or renders
+    user = wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the user's turn")[0]
+    assert user.text == prompt and not css(driver, "#sl-conversation .sl-user-text b")
+
+    # tokens stream in, each with its provenance on hover
+    tokens = wait_for(lambda: len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) >= 6 and
+                      css(driver, "#sl-conversation .sl-assistant .sl-tok"), 180, "streamed tokens")
+    assert tokens[0].get_attribute("title").startswith("step 0 · target's own token")
+    if bundled_drafters_exist():  # a trained drafter gets drafts accepted: coloured by depth
+        wait_for(lambda: css(driver, "#sl-conversation .sl-draft"), 120, "accepted (highlighted) draft tokens")
+
+    # the live charts render bars while it generates
+    wait_for(lambda: css(driver, "#sl-plot-latency .js-plotly-plot g.trace.bars path"), 60, "the latency chart's bars")
+    assert css(driver, "#sl-plot-acceptance_length .js-plotly-plot g.trace.bars path")
+    assert "mean acceptance length" in css(driver, "#sl-stats")[0].text
+
+    # Stop ends the generation: the reply stops growing and says so
+    css(driver, "#sl-stop")[0].click()
+    wait_for(lambda: "stopped" in css(driver, "#sl-status")[0].text, 30, "the stopped status")
+    time.sleep(2.0)  # a step already running may still land
+    count = len(css(driver, "#sl-conversation .sl-assistant .sl-tok"))
+    time.sleep(4.0)
+    assert len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) == count
+    assert count < 128 + 1  # it did not run to max new tokens
+    assert "(stopped)" in css(driver, "#sl-conversation")[0].text
+    driver.save_screenshot(str(ARTIFACTS / "browser_e2e.png"))
+
+
+def take_readme_screenshot(out: Path) -> None:
+    """A finished EAGLE-3 generation (with the target-only comparison) with highlighting and charts."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    proc, url = start_app(ARTIFACTS / "screenshot_app.log")
+    d = open_browser()
+    try:
+        d.set_window_size(1500, 1500)
+        d.get(url)
+        wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
+        type_and_generate(d, "Explain speculative decoding to a ten-year-old in three sentences.")
+        wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
+        time.sleep(2.0)
+        d.save_screenshot(str(out))
+    finally:
+        d.quit()
+        stop_app(proc)
+
+
+if __name__ == "__main__":
+    take_readme_screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshot.png").resolve())
