@@ -44,15 +44,15 @@ class StepPoint:
 def _layout(fig: go.Figure, title: str, x: str, y: str, **extra) -> go.Figure:
     extra.setdefault("hovermode", "x unified")
     fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01, y=0.98, yanchor="top"),
-                      template="plotly_white", height=280, margin=dict(l=48, r=12, t=58, b=40), xaxis_title=x,
+                      template="plotly_white", height=250, margin=dict(l=48, r=12, t=56, b=36), xaxis_title=x,
                       yaxis_title=y, legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0.0),
                       modebar=dict(remove=MODEBAR_REMOVE), **extra)
     return fig
 
 
-def _empty_note(fig: go.Figure, points: list) -> go.Figure:
+def _empty_note(fig: go.Figure, points: list, text: str = "no steps yet") -> go.Figure:
     if not points:
-        fig.add_annotation(text="no steps yet", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+        fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                            font=dict(color="#888"))
     return fig
 
@@ -67,7 +67,7 @@ def acceptance_figure(stats: AcceptanceStats) -> go.Figure:
     _layout(fig, "Acceptance at each draft position", "draft token (depth)", "share of steps",
             hovermode="closest")
     fig.update_yaxes(range=[0, 1], tickformat=".0%")
-    return _empty_note(fig, rates)
+    return _empty_note(fig, rates, "target only: no drafts")
 
 
 def acceptance_length_figure(points: list[StepPoint]) -> go.Figure:
@@ -87,7 +87,7 @@ def acceptance_length_figure(points: list[StepPoint]) -> go.Figure:
     k = max((p.num_drafts for p in points), default=0)
     _layout(fig, "Acceptance length per step", "step", "tokens per target forward")
     fig.update_yaxes(range=[0, k + 1.2] if k else None, dtick=1)
-    return _empty_note(fig, steps)
+    return _empty_note(fig, steps, "target only: no drafts" if points else "no steps yet")
 
 
 def latency_figure(points: list[StepPoint]) -> go.Figure:

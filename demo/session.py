@@ -191,22 +191,22 @@ class Session:
     """The loaded models and their engines; one generation at a time (the app's concurrency is 1)."""
 
     def __init__(self, hf_model, tokenizer, drafters: dict | None = None, *, name: str = "custom",
-                 target_spec: str = "", max_context: int = 2048, drafter_labels: dict | None = None,
-                 warnings: list[str] | None = None):
-        self.max_context_asked = max_context
-        self.load_args = dict(device=str(hf_model.device), dtype=str(hf_model.dtype).replace("torch.", ""))
-        self._set_target(hf_model, tokenizer, name, target_spec, max_context)
-        self.drafters: dict = {m: None for m in DRAFT_METHODS}
-        self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
-        for method, drafter in (drafters or {}).items():
-            self.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
-        self.warnings = list(warnings or [])
-
-    def _set_target(self, hf_model, tokenizer, name: str, target_spec: str, max_context: int) -> None:
+                 target_spec: str = "", max_context: int = 2048, drafter_labels: dict | None = None):
         self.hf, self.tokenizer, self.name, self.target_spec = hf_model, tokenizer, name, target_spec
         self.target = Target(hf_model)
+        self.max_context_asked = max_context
         self.max_context = min(max_context, self.target.config.max_position_embeddings)
+        self.load_args = dict(device=str(self.target.device), dtype=str(self.target.dtype).replace("torch.", ""))
         self._engines: dict[tuple[str, str], Engine] = {}
+        self.drafters: dict = {m: None for m in DRAFT_METHODS}
+        self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
+        self.drafter_warnings: dict[str, list[str]] = {m: [] for m in DRAFT_METHODS}
+        for method, drafter in (drafters or {}).items():
+            self.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for m in DRAFT_METHODS for w in self.drafter_warnings[m]]
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -223,44 +223,44 @@ class Session:
         return session
 
     def switch(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
-        """Load `choice`: the target only when it differs from the loaded one, then the drafters
-        (each swapped in with Engine.set_drafter). Returns the warnings to show."""
-        from demo.loading import load_target
-
-        say = progress or (lambda f, d: None)
-        if choice.target != self.target_spec:
-            say(0.0, f"loading target {choice.target}")
-            hf, tok = load_target(choice.target, **self.load_args)
-            self._set_target(hf, tok, choice.name, choice.target, self.max_context_asked)
-            self.drafters = {m: None for m in DRAFT_METHODS}
-        self.name = choice.name
-        return self.load_drafters(choice, progress=say)
+        """Load `choice`. A new target comes with new engines and only the drafters `choice` names;
+        the same target stays loaded and only the named drafters change (Engine.set_drafter). On
+        any error the loaded models stay as they were. Returns the warnings to show."""
+        if choice.target == self.target_spec:
+            warnings = self.load_drafters(choice, progress)
+            self.name = choice.name
+            return warnings
+        fresh = Session.load(choice, max_context=self.max_context_asked, progress=progress, **self.load_args)
+        fresh.load_args = self.load_args
+        self.__dict__.update(fresh.__dict__)  # swap every model at once, after everything loaded
+        return self.warnings
 
     def load_drafters(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
-        """Load the drafters `choice` names; with `choice.fallback` a missing or unloadable one
-        becomes a clearly-labelled random-init drafter. Returns (and keeps) the warnings."""
+        """Load the drafters `choice.drafters` names (a None spec removes that method's drafter);
+        with `choice.fallback` one that cannot be loaded becomes a clearly-labelled random-init
+        drafter, otherwise nothing changes and a RequestError says why. Returns the new warnings."""
         from demo.checkpoints import DrafterLoadError, load_drafter
 
         say = progress or (lambda f, d: None)
-        warnings = []
-        for i, method in enumerate(DRAFT_METHODS):
-            spec = choice.drafters.get(method)
-            say(0.4 + 0.3 * i, f"loading {METHOD_LABELS[method]} drafter")
+        loaded = {}  # method -> (drafter, label, warnings)
+        for i, (method, spec) in enumerate(choice.drafters.items()):
+            say(0.5 + 0.4 * i / max(len(choice.drafters), 1), f"loading {METHOD_LABELS[method]} drafter")
             if spec is None:
-                self.set_drafter(method, None, "none")
+                loaded[method] = (None, "none", [])
                 continue
             try:
                 drafter = load_drafter(spec, self.target, method=method)
-                warnings += [f"{METHOD_LABELS[method]}: {w}" for w in drafter.cfg.warnings]
-                self.set_drafter(method, drafter, str(spec))
+                loaded[method] = (drafter, str(spec), [f"{METHOD_LABELS[method]}: {w}" for w in drafter.cfg.warnings])
             except (DrafterLoadError, OSError) as e:
                 if not choice.fallback:
                     raise RequestError(f"{METHOD_LABELS[method]} drafter {spec}: {e}") from e
-                warnings.append(f"{METHOD_LABELS[method]}: no trained drafter could be loaded ({e}). Using a "
-                                f"{RANDOM_INIT} drafter: the app works, but almost no draft token is accepted.")
-                self.set_drafter(method, random_drafter(method, self.target), RANDOM_INIT)
-        self.warnings = warnings
-        return warnings
+                note = (f"{METHOD_LABELS[method]}: no trained drafter could be loaded ({e}). Using a {RANDOM_INIT} "
+                        "drafter: the app works, but almost no draft token is accepted.")
+                loaded[method] = (random_drafter(method, self.target), RANDOM_INIT, [note])
+        for method, (drafter, label, warnings) in loaded.items():
+            self.set_drafter(method, drafter, label)
+            self.drafter_warnings[method] = warnings
+        return [w for _, _, ws in loaded.values() for w in ws]
 
     def set_drafter(self, method: str, drafter, label: str) -> None:
         """Use `drafter` for `method` in every engine made for it, without touching the target."""
@@ -363,6 +363,10 @@ class Session:
         engine = self.engine(request.method, request.mode)
         gen = request.generation_config()
         k = gen.num_spec_tokens if request.method != "none" else 0
+        if request.mode == "cudagraph":  # capture now, visibly, rather than silently inside the first step
+            yield Update(chat, f"capturing CUDA graphs for k = {k} (once per k and drafter)…")
+            for depth in {k, 0} if request.compare else {k}:
+                engine.prepare(depth)
         turn = Turn("assistant", "", label=self._label(request, k), state="streaming")
         chat.turns.append(turn)
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k))
@@ -377,7 +381,7 @@ class Session:
             turn.text += tail
         turn.state = "done"
         if request.compare:
-            yield from self._compare(chat, ids, engine, gen, request)
+            yield from self._compare(chat, ids, engine, gen)
         yield Update(chat, self._done_status(chat), done=True)
 
     def generate(self, request: Request) -> Iterator[Update]:
@@ -406,8 +410,8 @@ class Session:
                                           event.draft_ms, event.verify_ms, event.stats.elapsed_s,
                                           event.stats.tokens_per_s))
 
-    def _compare(self, chat: ChatState, ids: list[int], engine: Engine, gen: GenerationConfig,
-                 request: Request) -> Iterator[Update]:
+    def _compare(self, chat: ChatState, ids: list[int], engine: Engine, gen: GenerationConfig) -> Iterator[Update]:
+        """The same prompt target-only (same engine, so same mode): speedup and T = 0 identity."""
         tokens: list[int] = []
         stats = None
         for event in engine.generate(ids, replace(gen, speculate=False)):

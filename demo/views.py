@@ -6,7 +6,6 @@ request checks); figures come from demo/figures.py and HTML from demo/render.py.
 
 from __future__ import annotations
 
-import html
 import json
 import time
 from dataclasses import dataclass
@@ -18,13 +17,14 @@ import gradio as gr
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure)
 from demo.metrics import DEFINITIONS, AcceptanceStats
-from demo.render import render_comparison, render_legend, render_stats
+from demo.render import escape, render_comparison, render_legend, render_stats
 from demo.session import (LIMITS, METHOD_LABELS, RANDOM_INIT, ChatState, ModelChoice, Request, RequestError,
                           RunTrace, Session, panel_stats, preset_choice, preset_names)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
-FIGURE_INTERVAL_S = 0.25  # charts refresh at most this often while streaming (the text: every step)
+TEXT_INTERVAL_S = 1 / 30  # the text refreshes every step, but at most 30 times a second (GPU steps take ms)
+FIGURE_INTERVAL_S = 0.25  # the charts refresh at most this often while streaming
 ENGINE = "engine"  # concurrency group of everything that touches the models: one at a time
 
 
@@ -87,11 +87,11 @@ def make_request(prompt, method, mode, num_spec_tokens, temperature, top_p, max_
 
 
 def status_html(text: str, kind: str = "info") -> str:
-    return f'<div class="sl-status-{kind}">{html.escape(text)}</div>' if text else ""
+    return f'<div class="sl-status-{kind}">{escape(text)}</div>' if text else ""
 
 
 def notices_html(session: Session) -> str:
-    items = "".join(f"<li>{html.escape(w)}</li>" for w in session.warnings)
+    items = "".join(f"<li>{escape(w)}</li>" for w in session.warnings)
     return f'<div class="sl-warning"><b>⚠ Note</b><ul>{items}</ul></div>' if items else ""
 
 
@@ -125,7 +125,6 @@ def build_chat_column() -> dict:
                 clear = gr.Button("Clear", elem_id="sl-clear", min_width=55)
     status = gr.HTML("", elem_id="sl-status")
     comparison = gr.HTML("", elem_id="sl-comparison")
-    gr.Examples([[p] for p in example_prompts()], inputs=[prompt], label="Example prompts")
     return dict(legend=legend, conversation=conversation, prompt=prompt, generate=generate, stop=stop,
                 clear=clear, status=status, comparison=comparison)
 
@@ -181,11 +180,11 @@ def build_layout(session: Session) -> Controls:
     with gr.Row(elem_id="sl-top"):
         with gr.Column(scale=6, elem_id="sl-main"):
             chat_parts = build_chat_column()
-        with gr.Column(scale=5, elem_id="sl-side"):
             stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
-            plots = {n: build_chart(n, empty[n]) for n in ("acceptance", "acceptance_length")}
-    with gr.Row(elem_id="sl-bottom"):
-        plots.update({n: build_chart(n, empty[n]) for n in ("latency", "throughput")})
+            gr.Examples([[p] for p in example_prompts()], inputs=[chat_parts["prompt"]], label="Example prompts",
+                        examples_per_page=len(example_prompts()))
+        with gr.Column(scale=5, elem_id="sl-charts"):
+            plots = {name: build_chart(name, figure) for name, figure in empty.items()}
     return Controls(chat=gr.State(ChatState()), notices=notices, stats=stats, **chat_parts, **settings, **plots)
 
 
@@ -201,16 +200,20 @@ def register_listeners(c: Controls, session: Session) -> None:
                 c.status: status_html("starting…")}
 
     def bot(chat, *settings) -> Iterator[dict]:
-        """Stream the reply: the text every step, the charts at most every FIGURE_INTERVAL_S."""
+        """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most
+        every FIGURE_INTERVAL_S."""
         prompt = chat.turns[-1].text if chat.turns else ""
         request = make_request(prompt, *settings)
-        last_figures = 0.0
+        last_text = last_figures = 0.0
         try:
             for update in session.reply(chat, request):
+                now = time.monotonic()
+                if not update.done and now - last_text < TEXT_INTERVAL_S:
+                    continue
+                last_text = now
                 out = {c.chat: update.chat, c.conversation: update.html,
                        c.status: status_html(update.status, "done" if update.done else "info"),
                        c.stats: render_stats(panel_stats(session, update.chat.trace), DEFINITIONS)}
-                now = time.monotonic()
                 if update.done or now - last_figures >= FIGURE_INTERVAL_S:
                     out.update(zip(c.plots, figures_of(update.chat.trace)))
                     last_figures = now
@@ -267,9 +270,12 @@ def register_listeners(c: Controls, session: Session) -> None:
                                                                   c.comparison, *c.plots],
                 show_progress="hidden", **engine)
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
-    c.stop.click(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status], cancels=runs, queue=False, **ui)
-    c.clear.click(clear, outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots],
-                  cancels=runs, **ui)
+    # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
+    # that is once the reply has ended, so no late step of it can overwrite what they show.
+    c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status],
+                                                  **engine)
+    c.clear.click(None, cancels=runs, **ui).then(
+        clear, outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots], **engine)
     loads = [c.method, c.notices, c.status, c.stats]
     c.preset.input(load_preset, inputs=[c.preset], outputs=loads, **engine)
     c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec], outputs=loads, **engine)

@@ -125,9 +125,12 @@ def app_url(tmp_path_factory):
 
 
 @pytest.fixture
-def driver():
+def driver(request):
     d = open_browser()
+    failed = request.session.testsfailed
     yield d
+    if request.session.testsfailed > failed:  # keep what the browser showed, as a test artifact
+        d.save_screenshot(str(ARTIFACTS / f"failure_{request.node.name}.png"))
     d.quit()
 
 
@@ -163,6 +166,37 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     assert "(stopped)" in css(driver, "#sl-conversation")[0].text
     driver.save_screenshot(str(ARTIFACTS / "browser_e2e.png"))
 
+    css(driver, "#sl-clear")[0].click()  # Clear empties the conversation and the panels
+    wait_for(lambda: not css(driver, "#sl-conversation .sl-turn"), 30, "an empty conversation")
+    assert "No generation yet" in css(driver, "#sl-stats")[0].text
+
+
+def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
+    driver.get(app_url)
+    wait_for(lambda: css(driver, "#sl-prompt textarea"), 60, "the prompt box")
+    if not _has_cuda():  # the CUDA-graph choice is shown disabled, with the reason
+        assert "CUDA graphs need a CUDA GPU" in css(driver, "#sl-mode")[0].text
+        assert all(not e.is_enabled() for e in css(driver, "#sl-mode input"))
+    css(driver, "#sl-generate")[0].click()  # empty prompt
+    wait_for(lambda: "The prompt is empty" in driver.page_source, 30, "the empty-prompt message")
+    assert not css(driver, "#sl-conversation .sl-turn")  # nothing was sent
+
+    css(driver, "#sl-custom button")[0].click()  # open "Your own models"
+    box = wait_for(lambda: [e for e in css(driver, "#sl-eagle-spec textarea, #sl-eagle-spec input") if e.is_displayed()],
+                   30, "the EAGLE drafter field")[0]
+    box.send_keys("/nonexistent/eagle-drafter")
+    css(driver, "#sl-load")[0].click()
+    wait_for(lambda: "Could not load" in driver.page_source, 60, "the load error")
+    assert "EAGLE" in css(driver, "#sl-method")[0].text  # the loaded drafters are still offered
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
 
 def take_readme_screenshot(out: Path) -> None:
     """A finished EAGLE-3 generation (with the target-only comparison) with highlighting and charts."""
@@ -170,9 +204,10 @@ def take_readme_screenshot(out: Path) -> None:
     proc, url = start_app(ARTIFACTS / "screenshot_app.log")
     d = open_browser()
     try:
-        d.set_window_size(1500, 1500)
+        d.set_window_size(1600, 1700)
         d.get(url)
         wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
+        css(d, "#sl-explainer button")[0].click()  # fold the explainer: room for the charts
         type_and_generate(d, "Explain speculative decoding to a ten-year-old in three sentences.")
         wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
         time.sleep(2.0)

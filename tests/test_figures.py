@@ -48,8 +48,11 @@ def test_acceptance_length_per_step_and_its_running_mean():
 
 def test_target_only_steps_are_not_acceptance_lengths():
     p = [StepPoint(1, 0, 0, 1, 0.0, 5.0, 0.01, 100.0)]
-    bars, line = acceptance_length_figure(p).data
+    fig = acceptance_length_figure(p)
+    bars, line = fig.data
     assert list(bars.y) == [] and list(line.y) == []
+    assert [a.text for a in fig.layout.annotations] == ["target only: no drafts"]
+    assert [a.text for a in acceptance_figure(AcceptanceStats(0)).layout.annotations] == ["target only: no drafts"]
 
 
 def test_latency_bars_stack_draft_and_verify_ms():

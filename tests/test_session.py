@@ -136,11 +136,12 @@ def test_chat_state_is_deep_copyable(session):
 
 def test_changing_the_drafter_keeps_the_target():
     s = tiny_session()
-    target, engine = s.target, s.engine("eagle3", "eager")
+    target, engine, eagle = s.target, s.engine("eagle3", "eager"), s.drafters["eagle"]
     before = list(s.generate(Request("hi", max_new_tokens=4)))[-1].chat.turns[-1].text
-    warnings = s.load_drafters(ModelChoice("tiny", "tiny", {"eagle3": "/nonexistent/drafter"}))
+    warnings = s.switch(ModelChoice("tiny", "tiny", {"eagle3": "/nonexistent/drafter"}))
     assert s.target is target and s.engine("eagle3", "eager") is engine
     assert engine.drafter is s.drafters["eagle3"] and s.drafter_labels["eagle3"] == RANDOM_INIT
+    assert s.drafters["eagle"] is eagle  # a drafter not named stays
     assert len(warnings) == 1 and "random-init" in warnings[0] and s.warnings == warnings
     after = list(s.generate(Request("hi", max_new_tokens=4)))[-1].chat.turns[-1].text
     assert after == before  # T = 0: the drafter changes speed, never the text
@@ -148,5 +149,7 @@ def test_changing_the_drafter_keeps_the_target():
 
 def test_a_named_drafter_that_cannot_load_is_an_error_when_asked_for_explicitly():
     s = tiny_session()
+    drafters = dict(s.drafters)
     with pytest.raises(RequestError, match="EAGLE drafter"):
-        s.load_drafters(ModelChoice("tiny", "tiny", {"eagle": "/nonexistent/drafter"}, fallback=False))
+        s.switch(ModelChoice("tiny", "tiny", {"eagle3": None, "eagle": "/nonexistent/drafter"}, fallback=False))
+    assert s.drafters == drafters  # nothing changed
