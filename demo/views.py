@@ -227,8 +227,10 @@ def register_listeners(c: Controls, session: Session) -> None:
             raise gr.Error(str(e), print_exception=False) from None
 
     def stop(chat):
+        running = bool(chat.turns) and (chat.turns[-1].role == "user" or chat.turns[-1].state == "streaming")
         chat.mark_stopped()
-        return {c.chat: chat, c.conversation: chat.html(), c.status: status_html("stopped", "done")}
+        return {c.chat: chat, c.conversation: chat.html(),
+                c.status: status_html("stopped", "done") if running else gr.skip()}
 
     def clear():
         chat = ChatState()
