@@ -266,8 +266,9 @@ def register_listeners(c: Controls, session: Session) -> None:
 
     ui = dict(api_visibility="private")
     engine = dict(concurrency_id=ENGINE, **ui)
+    # user() waits for the engine too, so a second Generate never edits a chat that is still streaming
     first = dict(fn=user, inputs=[c.prompt, c.chat, *c.settings],
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **ui)
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **engine)
     then = dict(fn=bot, inputs=[c.chat, *c.settings], outputs=[c.chat, c.conversation, c.status, c.stats,
                                                                   c.comparison, *c.plots],
                 show_progress="hidden", **engine)
