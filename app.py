@@ -48,7 +48,12 @@ def build_session(args: argparse.Namespace):
 def main(argv=None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
-    session = build_session(args)
+    from demo.loading import LoadError
+
+    try:
+        session = build_session(args)
+    except (LoadError, ValueError) as e:  # a bad preset, path, hub id, device or dtype: one line, no traceback
+        raise SystemExit(f"speclens: {e}") from None
     if not args.no_warmup:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
