@@ -1,0 +1,491 @@
+"""Train an EAGLE or EAGLE-3 drafter for a target, online: the frozen target computes its features
+and distributions for every batch (no feature dump), the drafter learns from them.
+
+    python -m demo.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 8
+    python -m demo.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 10 --resume
+
+The run saves the drafter with ``demo.checkpoints.save_drafter`` in OUT (config.json + safetensors
+shards, loadable by ``load_drafter``, vLLM and SGLang), ``OUT/train_log.json`` (time per stage,
+throughput, metrics) and a resumable ``OUT/checkpoint/train_state.pt`` (drafter, optimiser, step,
+data position, RNG), written every --save-every-min minutes and at the end.
+
+With --time-budget-min the learning-rate schedule runs on elapsed training time, so warm-up and
+cosine decay finish exactly when the budget does; with --max-steps it runs on steps (both: the
+earlier end wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from demo.drafter_common import DrafterConfig
+from demo.drafter_eagle import EagleDrafter
+from demo.drafter_eagle3 import Eagle3Drafter
+from demo.train_data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_shards, read_meta
+from demo.train_losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
+
+STATE_FILE = "checkpoint/train_state.pt"
+LOG_FILE = "train_log.json"
+
+
+@dataclass
+class Schedule:
+    """Linear warm-up over warmup_steps, then cosine from lr to lr * min_ratio over progress."""
+
+    lr: float
+    warmup_steps: int
+    min_ratio: float = 0.1
+
+    def __call__(self, step: int, progress: float) -> float:
+        warm = min(1.0, (step + 1) / max(self.warmup_steps, 1))
+        cos = 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+        return self.lr * warm * (self.min_ratio + (1 - self.min_ratio) * cos)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m demo.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--method", choices=("eagle", "eagle3"), required=True)
+    p.add_argument("--target", default="default", help="'default' (SmolLM2-135M-Instruct), a directory or hub id")
+    p.add_argument("--data", required=True,
+                   help="comma-separated sources: 'sharegpt' (answers as they are) or 'regen:DIR' (shards)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--time-budget-min", type=float, default=None, help="stop (and save) after this much training")
+    p.add_argument("--epochs", type=float, default=None, help="stop after this many passes over the data")
+    p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch")
+    p.add_argument("--max-len", type=int, default=1024, help="sequences are cut to this many tokens")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time-test depth")
+    p.add_argument("--aux-layers", default=None,
+                   help="EAGLE-3 feature layers, e.g. 2,15,29 (default: the target's (2, L//2, L-3), saved as 'the "
+                        "default', which vLLM and SGLang agree on; id i is the residual stream entering layer i)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="EAGLE-3 draft vocabulary size (8192: the largest whose bf16 lm_head fits a 9.5 MB shard)")
+    p.add_argument("--feature-noise", type=float, default=0.2,
+                   help="EAGLE-1 uniform input-feature noise, relative to the feature RMS (0: off)")
+    p.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
+                   help="EAGLE-3: do not start lm_head and norm from the target's (random instead)")
+    p.add_argument("--save-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--save-every-min", type=float, default=2.0)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/train_state.pt")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    if args.max_steps is None and args.time_budget_min is None and args.epochs is None:
+        p.error("give --max-steps, --time-budget-min or --epochs (when to stop)")
+    if args.aux_layers is not None:
+        args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
+        if len(args.aux_layers) != 3:
+            p.error(f"--aux-layers: EAGLE-3's fc reads 3 feature layers, not {len(args.aux_layers)}")
+    return args
+
+
+# ------------------------------------------------------------------------------------ data
+def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True) -> tuple[SequenceSet, list[dict]]:
+    """Sequences of every comma-separated source, cut to max_len, each with >= 2 answer tokens."""
+    from demo.loading import cache_dir
+    from demo.train_data import prepare_sharegpt
+
+    sets, metas = [], []
+    for part in spec.split(","):
+        part = part.strip()
+        if part == "sharegpt":
+            d = cache_dir() / "train-data" / f"sharegpt-L{max_len}"
+            if not (d / "meta.json").exists():
+                prepare_sharegpt(tokenizer, d, max_len=max_len, progress=progress)
+        elif part.startswith("regen:"):
+            d = Path(part[len("regen:"):])
+        else:
+            raise SystemExit(f"--data: unknown source {part!r} (use 'sharegpt' or 'regen:DIR')")
+        sets.append(load_shards(d))
+        metas.append({"source": part, "dir": str(d), **{k: v for k, v in read_meta(d).items() if k != "runs"}})
+    data = SequenceSet.concat(sets).truncated(max_len)
+    cumulative = np.concatenate([[0], np.cumsum(data.mask, dtype=np.int64)])
+    answers = cumulative[data.offsets[1:]] - cumulative[data.offsets[:-1]]  # [N] answer tokens per sequence
+    keep = np.flatnonzero((answers >= 2) & (data.lengths > 0))
+    return (data if len(keep) == len(data) else data.select(keep)), metas
+
+
+def check_holdout(data: SequenceSet) -> str | None:
+    """Refuse data that came from a held-out ShareGPT record; returns the hold-out fingerprint
+    (None when ShareGPT is not installed or the data did not come from it)."""
+    from demo.train_data import read_sharegpt, split_holdout
+
+    sources = data.source[data.source >= 0]
+    if not len(sources):
+        return None
+    try:
+        split = split_holdout(read_sharegpt())
+    except FileNotFoundError:
+        return None
+    allowed = np.zeros(len(split.train) + len(split.holdout), dtype=bool)
+    allowed[[r.index for r in split.train]] = True
+    bad = sources[(sources >= len(allowed)) | ~allowed[np.minimum(sources, len(allowed) - 1)]]
+    if len(bad):
+        raise SystemExit(f"training data holds {len(bad)} sequences from held-out ShareGPT records "
+                         f"(first: record {int(bad[0])}); regenerate it with this version of demo.train_data")
+    return split.fingerprint()
+
+
+# ------------------------------------------------------------------------------------ drafter
+def build_drafter(method: str, target, vocab: DraftVocab | None, init_from_target: bool, share: bool = True,
+                  aux_layers: tuple[int, ...] | None = None):
+    """A fresh drafter shaped like one target layer, in fp32 on the target's device; `share`: borrow
+    the target's embedding (and EAGLE-1's lm_head) for training. A sharing drafter must never be
+    cast: .to(dtype) would cast the target's borrowed modules too."""
+    tc = target.config
+    if method == "eagle":
+        cfg = DrafterConfig.for_target("eagle", tc)
+        drafter = EagleDrafter(cfg)
+    else:
+        cfg = DrafterConfig.for_target("eagle3", tc, draft_vocab_size=len(vocab.ids),
+                                       aux_layer_ids=aux_layers)  # None: the target default, written as such
+        drafter = Eagle3Drafter(cfg)
+        if drafter.d2t is not None:
+            drafter.d2t.copy_(vocab.d2t)
+            drafter.t2d.copy_(vocab.t2d)
+        if init_from_target:  # start from the target's own output head over the draft vocabulary
+            with torch.no_grad():
+                ids = torch.from_numpy(vocab.ids.astype(np.int64)).to(target.lm_head.weight.device)
+                drafter.lm_head.weight.copy_(target.lm_head.weight[ids].float().cpu())
+                drafter.norm.weight.copy_(target.norm.weight.float().cpu())
+    drafter.to(target.device).train()
+    if share:
+        drafter.share_target(target)
+    return drafter
+
+
+def trainable(drafter) -> list[torch.nn.Parameter]:
+    """The drafter's own parameters (not the target modules it borrows)."""
+    return [p for n, p in drafter.named_parameters() if not n.startswith("_target")]
+
+
+def own_state(drafter) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in drafter.state_dict().items() if not k.startswith("_target")}
+
+
+MAX_SHARD_BYTES = 9_500_000  # demo.checkpoints.save_drafter's default: a Space takes files < 10 MB without LFS
+
+
+def saved_bytes(drafter, dtype: torch.dtype) -> int:
+    size = torch.tensor([], dtype=dtype).element_size()
+    return sum(t.numel() * (size if t.is_floating_point() else t.element_size()) for t in own_state(drafter).values())
+
+
+def check_shardable(drafter, dtype: torch.dtype, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """Refuse before training a drafter whose largest tensor cannot fit one shard file (a tensor is
+    never split across files): EAGLE-3's lm_head [Vd, H] bounds the draft vocabulary."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    for name, t in own_state(drafter).items():
+        need = t.numel() * (size if t.is_floating_point() else t.element_size()) + len(name) + 256
+        if need > max_shard_bytes:
+            most = (max_shard_bytes - len(name) - 256) // (size * t.shape[-1]) if t.dim() == 2 else 0
+            raise SystemExit(f"{name} {list(t.shape)} would take {need} bytes as {dtype}, over the {max_shard_bytes}-byte "
+                             f"shard limit" + (f": use --draft-vocab {most} or less" if name == "lm_head.weight" else ""))
+
+
+# ------------------------------------------------------------------------------------ state
+def save_state(path: Path, run: "Run") -> None:
+    """Drafter, optimiser, data position and RNG: everything --resume needs to continue exactly."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"drafter": own_state(run.drafter), "optimizer": run.opt.state_dict(), "step": run.step,
+             "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch, "elapsed": run.elapsed,
+             "vocab_ids": None if run.vocab is None else run.vocab.ids, "method": run.args.method,
+             "torch_rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_state(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# ------------------------------------------------------------------------------------ main
+@dataclass
+class Run:
+    """Everything a training run holds, and where it is."""
+
+    args: argparse.Namespace
+    target: object
+    data: SequenceSet
+    vocab: DraftVocab | None
+    drafter: torch.nn.Module
+    params: list
+    opt: torch.optim.Optimizer
+    aux: tuple[int, ...]  # target feature layers read (EAGLE-3), () for EAGLE-1
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    elapsed: float = 0.0  # seconds of training so far (all resumed runs)
+
+
+def setup(args, times: dict) -> tuple[Run, dict]:
+    """Load the target and the data, build the draft vocabulary, the drafter and the optimiser,
+    and restore a checkpoint with --resume. Returns the run and what the log records of the data."""
+    from demo.loading import load_target
+    from demo.target import Target
+
+    t = time.perf_counter()
+    hf, tok = load_target(args.target, args.device)
+    target = Target(hf)
+    times["load_target_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    data, metas = load_training_data(args.data, tok, args.max_len, args.progress)
+    if not len(data):
+        raise SystemExit(f"--data {args.data}: no sequence with at least 2 answer tokens")
+    fingerprint = check_holdout(data)
+    answer = data.answer_tokens()
+    times["load_data_s"] = time.perf_counter() - t
+    print(f"data: {len(data)} sequences, {int(data.lengths.sum())} tokens, {len(answer)} answer tokens "
+          f"({args.data}); hold-out fingerprint {fingerprint}")
+
+    state = None
+    if args.resume:
+        path = Path(args.out) / STATE_FILE
+        if not path.exists():
+            raise SystemExit(f"--resume: no {path}")
+        state = load_state(path)
+        if state["method"] != args.method:
+            raise SystemExit(f"--resume: the checkpoint is a {state['method']} run, not {args.method}")
+
+    t = time.perf_counter()
+    V = target.config.vocab_size
+    vocab = None
+    if args.method == "eagle3":
+        if state is not None and state["vocab_ids"] is not None:  # the vocabulary the run started with
+            ids = np.asarray(state["vocab_ids"])
+            counts = np.bincount(answer.astype(np.int64), minlength=V)
+            vocab = DraftVocab(ids, float(counts[ids].sum() / max(counts.sum(), 1)), V)
+        else:
+            vocab = build_draft_vocab(answer, min(args.draft_vocab, V), V)
+        print(f"draft vocabulary: {len(vocab.ids)} of {V} target tokens, covering {100 * vocab.coverage:.2f}% "
+              f"of answer tokens")
+    times["draft_vocab_s"] = time.perf_counter() - t
+
+    if args.aux_layers is not None:
+        target.check_aux_layers(args.aux_layers)
+    drafter = build_drafter(args.method, target, vocab, args.init_from_target, aux_layers=args.aux_layers)
+    params = trainable(drafter)
+    save_dtype = getattr(torch, args.save_dtype)
+    check_shardable(drafter, save_dtype)
+    print(f"{args.method} drafter: {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters on "
+          f"{target.device}, {saved_bytes(drafter, save_dtype) / 1e6:.1f} MB as {args.save_dtype}")
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,
+                            **({"fused": True} if target.device.type == "cuda" else {}))
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers()) if args.method == "eagle3" else ()
+    run = Run(args, target, data, vocab, drafter, params, opt, aux)
+    if state is not None:
+        restore(run, state)
+    log_data = {"sources": metas, "sequences": len(data), "tokens": int(data.lengths.sum()),
+                "answer_tokens": len(answer), "holdout_fingerprint": fingerprint}
+    return run, log_data
+
+
+def restore(run: Run, state: dict) -> None:
+    missing, unexpected = run.drafter.load_state_dict(state["drafter"], strict=False)
+    if unexpected or any(not k.startswith("_target") for k in missing):
+        raise SystemExit(f"--resume: the checkpoint does not fit this drafter (missing {missing}, unexpected {unexpected})")
+    run.opt.load_state_dict(state["optimizer"])
+    run.step, run.epoch, run.batch_in_epoch, run.elapsed = (state["step"], state["epoch"], state["batch_in_epoch"],
+                                                            state["elapsed"])
+    torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    print(f"resumed at step {run.step} (epoch {run.epoch}, batch {run.batch_in_epoch}, {run.elapsed:.0f} s trained)")
+
+
+def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor, int, int]:
+    """One optimiser step on the sequences `idx`; returns (metrics, grad norm, answer tokens, padded tokens)."""
+    args, dev = run.args, run.target.device
+    tokens, mask = collate(run.data, idx, args.max_len)  # [B, S] each
+    tokens, mask = tokens.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
+    for g in run.opt.param_groups:
+        g["lr"] = lr
+    tb = run_target(run.target, tokens, mask, run.aux)
+    with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext():
+        if args.method == "eagle":
+            loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, args.feature_noise)
+        else:
+            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps)
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.params, args.grad_clip)
+    run.opt.step()
+    return metrics, grad_norm, int(mask.sum()), tokens.numel()
+
+
+def train_loop(run: Run) -> tuple[list[dict], str]:
+    """Steps until --max-steps / --epochs / --time-budget-min; checkpoints every --save-every-min.
+    Returns (metric history, stop reason)."""
+    from tqdm import tqdm
+
+    args, lengths = run.args, run.data.lengths
+    schedule = Schedule(args.lr, args.warmup_steps, args.min_lr_ratio)
+    budget_s = None if args.time_budget_min is None else 60 * args.time_budget_min
+    max_steps = args.max_steps
+    if args.epochs is not None:
+        per_epoch = len(length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, 0])))
+        by_epochs = int(math.ceil(args.epochs * per_epoch))
+        max_steps = by_epochs if max_steps is None else min(max_steps, by_epochs)
+
+    def progress() -> float:
+        return max([0.0] + ([run.step / max_steps] if max_steps else []) + ([run.elapsed / budget_s] if budget_s else []))
+
+    history, window = [], _Window()
+    last_save = time.perf_counter()
+    bar = tqdm(total=max_steps, initial=run.step, desc=f"train {args.method}", unit="step", disable=not args.progress,
+               dynamic_ncols=True, mininterval=2.0)
+    stop_reason = None
+    while stop_reason is None:
+        order = length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, run.epoch]))
+        while run.batch_in_epoch < len(order):
+            if max_steps is not None and run.step >= max_steps:
+                stop_reason = "max_steps"
+                break
+            if budget_s is not None and run.elapsed >= budget_s:
+                stop_reason = "time_budget"
+                break
+            t_step = time.perf_counter()
+            lr = schedule(run.step, progress())
+            metrics, grad_norm, answer, padded = train_step(run, order[run.batch_in_epoch], lr)
+            run.step += 1
+            run.batch_in_epoch += 1
+            window.add(metrics, grad_norm, answer, padded)  # answer = int(mask.sum()): syncs every step
+            if run.step % args.log_every == 0 or run.step == max_steps:
+                row = window.flush(run.step, run.epoch, lr, run.elapsed)
+                history.append(row)
+                bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc'][0]:.3f}", lr=f"{lr:.1e}",
+                                **({"tau7": f"{row['chain_acceptance_k7']:.2f}"} if len(row["acc"]) > 1 else {}),
+                                tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+            bar.update(1)
+            run.elapsed += time.perf_counter() - t_step
+            if time.perf_counter() - last_save > 60 * args.save_every_min:
+                save_state(Path(args.out) / STATE_FILE, run)
+                last_save = time.perf_counter()
+        if stop_reason is None:
+            run.epoch += 1
+            run.batch_in_epoch = 0
+    bar.close()
+    if window.steps:
+        history.append(window.flush(run.step, run.epoch, schedule(run.step, progress()), run.elapsed))
+    return history, stop_reason
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    times = {}
+    t0 = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(args.seed)
+    run, log_data = setup(args, times)
+
+    t = time.perf_counter()
+    history, stop_reason = train_loop(run)
+    times["train_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    save_state(out / STATE_FILE, run)
+    from demo.checkpoints import save_drafter
+
+    final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers)
+    final.load_state_dict(own_state(run.drafter))
+    final.to(getattr(torch, args.save_dtype)).eval()
+    save_drafter(final, out)
+    times["save_s"] = time.perf_counter() - t
+    times["total_s"] = time.perf_counter() - t0
+
+    last = history[-1] if history else {}
+    log = {
+        "method": args.method, "args": vars(args), "stop_reason": stop_reason, "steps": run.step,
+        "epochs_done": run.epoch, "trained_s": run.elapsed, "times": times, "data": log_data,
+        "draft_vocab": None if run.vocab is None else {"size": len(run.vocab.ids), "coverage": run.vocab.coverage},
+        "drafter": {"parameters": sum(p.numel() for p in run.params), "config": run.drafter.cfg.to_dict(),
+                    "save_dtype": args.save_dtype},
+        "device": _device_info(run.target.device), "final": last, "history": history,
+    }
+    if args.resume and (out / LOG_FILE).exists():
+        log["previous"] = json.loads((out / LOG_FILE).read_text())
+    (out / LOG_FILE).write_text(json.dumps(log, indent=2, default=_jsonable) + "\n")
+    print(f"stopped ({stop_reason}) at step {run.step}, epoch {run.epoch}; trained {run.elapsed:.0f} s; stages: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+    if last:
+        estimate = last["chain_acceptance_k7"]
+        print(f"final window: loss {last['loss']:.4f}, accuracy per step {[round(a, 3) for a in last['acc']]}"
+              + (f", chain acceptance estimate (k=7) {estimate:.2f}" if estimate is not None else "")
+              + f", {last['tokens_per_s']:.0f} tokens/s")
+    print(f"drafter saved to {out}")
+    return log
+
+
+class _Window:
+    """Metrics averaged over the steps since the last log line."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.steps, self.loss, self.acc, self.grad, self.answer, self.padded = 0, [], [], [], 0, 0
+        self.start = time.perf_counter()
+
+    def add(self, metrics: dict, grad_norm, answer_tokens: int, padded_tokens: int):
+        self.steps += 1
+        self.loss.append(metrics["loss"])
+        self.acc.append(torch.stack([a.float() for a in metrics["acc"]]))
+        self.grad.append(grad_norm)
+        self.answer += answer_tokens
+        self.padded += padded_tokens
+
+    def flush(self, step: int, epoch: int, lr: float, elapsed: float) -> dict:
+        dt = max(time.perf_counter() - self.start, 1e-9)
+        acc = torch.stack(self.acc).mean(0).tolist()
+        row = {"step": step, "epoch": epoch, "lr": lr, "trained_s": round(elapsed, 2),
+               "loss": float(torch.stack(self.loss).mean()), "acc": acc,
+               "grad_norm": float(torch.stack([g.float() for g in self.grad]).mean()),
+               "chain_acceptance_k7": chain_acceptance(acc, 7) if len(acc) > 1 else None,
+               "tokens_per_s": self.padded / dt, "answer_tokens_per_s": self.answer / dt}
+        self.reset()
+        return row
+
+
+def _device_info(dev: torch.device) -> dict:
+    info = {"device": str(dev), "torch": torch.__version__}
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+    import transformers
+
+    info["transformers"] = transformers.__version__
+    return info
+
+
+def _jsonable(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    return str(o)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

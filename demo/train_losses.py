@@ -1,0 +1,216 @@
+"""Training forwards and losses of the two drafters, built from the inference modules' own
+submodules (``drafter.fc``, ``drafter.midlayer.self_attn.q_proj``, ...) so that training and
+inference cannot drift: tests/test_train.py checks that these forwards equal ``drafter.forward``.
+
+Alignment (as at inference): slot i pairs token x[i+1] with the target's feature at position i and
+predicts x[i+2]; the target's distribution for x[i+2] is its softmax at position i+1. A slot is
+trained when x[i+2] is an assistant token (``mask[i+2]``).
+
+- EAGLE-1: one causal pass over all slots; loss = SmoothL1(drafter output, target's final normed
+  hidden at i+1) + 0.1 x soft cross-entropy against the target's softmax at i+1 through the
+  target's lm_head; optional uniform noise on the input features.
+- EAGLE-3, training-time test (TTT): step 0 consumes fc(target features); step j feeds back the
+  drafter's own pre-norm output of step j-1, with tokens and targets shifted by j, at positions
+  i+j. A query of step j attends to the step-0 keys causally plus the same-slot keys of steps
+  1..j: exactly the cache contents an inference chain started at slot i sees at its j-th step.
+  Loss: sum_j 0.8^j x soft cross-entropy against the target's softmax restricted (and
+  renormalised) to the draft vocabulary, over slots whose target argmax is in the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from demo.layers import apply_rope, rope_inv_freq, rope_tables
+
+EAGLE_FEATURE_WEIGHT = 1.0  # EAGLE-1's v_w
+EAGLE_TOKEN_WEIGHT = 0.1  # EAGLE-1's p_w
+TTT_DECAY = 0.8  # EAGLE-3's per-step loss weight base
+
+
+@dataclass
+class TargetBatch:
+    """What the frozen target gives for one batch of full sequences (no gradients)."""
+
+    tokens: torch.Tensor  # [B, S] int64
+    mask: torch.Tensor  # [B, S] bool: assistant tokens (prediction targets)
+    features: torch.Tensor  # [B, S, F]: final normed hidden (EAGLE) or aux streams (EAGLE-3)
+    hidden: torch.Tensor  # [B, S, H] final normed hidden (EAGLE-1's regression target)
+    logits: torch.Tensor  # [B, S, V]
+
+
+@torch.no_grad()
+def run_target(target, tokens: torch.Tensor, mask: torch.Tensor, aux_layers: tuple[int, ...]) -> TargetBatch:
+    """Full-sequence target forward over a cache of exactly [B, S] (positions = arange)."""
+    B, S = tokens.shape
+    if target.cache is None or target.cache.capacity != S or target.cache.batch != B:
+        target.cache = None  # exact size: attention cost follows the cache capacity, not S
+        target.setup_cache(S, B)
+    positions = torch.arange(S, device=tokens.device).expand(B, S)
+    out = target.forward(tokens, positions, aux_layers=aux_layers)
+    feats = out.aux if aux_layers else out.hidden
+    return TargetBatch(tokens, mask, feats, out.hidden, out.logits)
+
+
+def rope_for(drafter, length: int, device, dtype=torch.float32):
+    """The drafter's cos/sin tables for positions [0, length), each [length, hd], computed as its
+    setup_cache computes them."""
+    cfg = drafter.cfg
+    inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    return rope_tables(inv_freq, length, 1.0, dtype, device)
+
+
+def _qkv(att, x: torch.Tensor, cfg, cos: torch.Tensor, sin: torch.Tensor):
+    """q [B, nh, S, hd], k and v [B, nkv, S, hd] with RoPE applied; cos/sin [S, hd]."""
+    B, S, _ = x.shape
+    q = att.q_proj(x).view(B, S, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+    k = att.k_proj(x).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+    v = att.v_proj(x).view(B, S, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+    c, s = cos[None, None].to(q.dtype), sin[None, None].to(q.dtype)
+    return apply_rope(q, c, s), apply_rope(k, c, s), v
+
+
+def _merge_heads(o: torch.Tensor) -> torch.Tensor:
+    B, nh, S, hd = o.shape
+    return o.transpose(1, 2).reshape(B, S, nh * hd)
+
+
+# ------------------------------------------------------------------------------------ EAGLE-1
+def eagle_forward(drafter, tokens_next: torch.Tensor, features: torch.Tensor, cos, sin) -> torch.Tensor:
+    """EAGLE-1 over all slots at once (positions 0..S-1), as EagleDrafter.forward computes it.
+
+    tokens_next: [B, S] x[i+1] per slot; features [B, S, H] target feature i -> output [B, S, H]
+    (the drafter's prediction of the target's feature at i+1; logits = target lm_head of it)."""
+    cfg, layer = drafter.cfg, drafter.layers[0]
+    dtype = drafter.fc.weight.dtype
+    x = drafter.fc(torch.cat((drafter.embed(tokens_next).to(dtype), features.to(dtype)), dim=-1))
+    att = layer.self_attn
+    q, k, v = _qkv(att, x, cfg, cos, sin)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=cfg.num_heads != cfg.num_kv_heads)
+    x = x + att.o_proj(_merge_heads(o))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def eagle_loss(drafter, tb: TargetBatch, lm_head, noise: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1 loss on one batch; lm_head is the target's (frozen). Returns (loss, metrics)."""
+    B, S = tb.tokens.shape
+    feats = tb.features.float()
+    if noise > 0:  # EAGLE's uniform feature noise, scaled to the features' RMS
+        rms = feats.pow(2).mean(-1, keepdim=True).sqrt()
+        feats = feats + (torch.rand_like(feats) - 0.5) * noise * rms
+    tokens_next = F.pad(tb.tokens[:, 1:], (0, 1))  # [B, S] x[i+1]
+    valid = F.pad(tb.mask[:, 2:], (0, 2))  # [B, S] slot i predicts x[i+2]
+    cos, sin = rope_for(drafter, S, tb.tokens.device)
+    out = eagle_forward(drafter, tokens_next, feats, cos, sin)  # [B, S, H]
+    pred = out[:, :-1][valid[:, :-1]]  # [N, H]
+    n = max(int(pred.shape[0]), 1)
+    target_h = tb.hidden[:, 1:][valid[:, :-1]].float()  # [N, H] feature at i+1
+    target_logits = tb.logits[:, 1:][valid[:, :-1]]  # [N, V] distribution of x[i+2]
+    feature_loss = F.smooth_l1_loss(pred.float(), target_h, reduction="none").mean(-1).sum() / n
+    draft_logits = lm_head(pred.to(lm_head.weight.dtype)).float()  # [N, V]
+    target_p = torch.softmax(target_logits.float(), -1)
+    token_loss = -(target_p * torch.log_softmax(draft_logits, -1)).sum(-1).sum() / n
+    loss = EAGLE_FEATURE_WEIGHT * feature_loss + EAGLE_TOKEN_WEIGHT * token_loss
+    with torch.no_grad():
+        acc = (draft_logits.argmax(-1) == target_logits.argmax(-1)).float().mean() if pred.shape[0] else loss * 0
+    return loss, {"loss": loss.detach(), "feature_loss": feature_loss.detach(), "token_loss": token_loss.detach(),
+                  "acc": [acc], "positions": pred.shape[0]}
+
+
+# ------------------------------------------------------------------------------------ EAGLE-3
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """Attention of TTT step j = len(keys) - 1.
+
+    q: [B, nh, S, hd]; keys/values: j+1 tensors [B, nkv, S, hd]. Query slot i sees keys[0][0..i]
+    (causal) and keys[m][i] for m = 1..j (its own slot only), as a chain rooted at slot i would.
+    The same-slot scores are dot products, so memory is O(S^2) once, not O(S^2 (j+1))."""
+    B, nh, S, hd = q.shape
+    nkv = keys[0].shape[1]
+    g = nh // nkv
+    qg = q.view(B, nkv, g, S, hd)  # query head h uses kv head h // g, as SDPA's enable_gqa does
+    scale = hd ** -0.5
+    s0 = torch.matmul(qg, keys[0].unsqueeze(2).transpose(-1, -2)) * scale  # [B, nkv, g, S, S]
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [(qg.float() * k.unsqueeze(2).float()).sum(-1, keepdim=True) * scale for k in keys[1:]]  # j x [B, nkv, g, S, 1]
+    p = torch.softmax(torch.cat([s0.float()] + diag, dim=-1), dim=-1)  # [B, nkv, g, S, S + j] float32
+    o = torch.matmul(p[..., :S].to(q.dtype), values[0].unsqueeze(2)).float()  # [B, nkv, g, S, hd]
+    for m, v in enumerate(values[1:]):
+        o = o + p[..., S + m: S + m + 1] * v.unsqueeze(2).float()
+    return _merge_heads(o.to(q.dtype).reshape(B, nh, S, hd))
+
+
+def eagle3_ttt_forward(drafter, tokens: torch.Tensor, features: torch.Tensor, steps: int, cos, sin) -> list[torch.Tensor]:
+    """EAGLE-3 unrolled for `steps` draft steps over all slots.
+
+    tokens: [B, S + steps] with tokens[:, i + 1 + j] the token of slot i at step j (x itself,
+    padded); features [B, S, 3*Ht]; cos/sin [S + steps, hd]. Returns the pre-norm outputs of every
+    step, each [B, S, H] (logits = drafter.lm_head(drafter.norm(h)))."""
+    cfg, layer = drafter.cfg, drafter.midlayer
+    att = layer.self_attn
+    B, S = features.shape[:2]
+    hidden = drafter.fc(features.to(drafter.fc.weight.dtype))  # [B, S, H]
+    keys, values, outs = [], [], []
+    for j in range(steps):
+        normed = layer.hidden_norm(hidden)
+        residual = normed if cfg.norm_before_residual else hidden
+        emb = layer.input_layernorm(drafter.embed(tokens[:, j + 1: j + 1 + S]).to(hidden.dtype))  # x[i+1+j]
+        x = torch.cat((emb, normed.to(emb.dtype)), dim=-1)  # [B, S, 2H]
+        q, k, v = _qkv(att, x, cfg, cos[j: j + S], sin[j: j + S])  # slot i sits at position i + j
+        keys.append(k)
+        values.append(v)
+        h = residual + att.o_proj(ttt_attention(q, keys, values))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        outs.append(h)
+        hidden = h
+    return outs
+
+
+def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7) -> tuple[torch.Tensor, dict]:
+    """EAGLE-3 TTT loss on one batch: sum_j 0.8^j x soft CE over the draft vocabulary, each step
+    averaged over its valid slots. Returns (loss, metrics with per-step accuracy acc[j])."""
+    B, S = tb.tokens.shape
+    dev = tb.tokens.device
+    draft_ids = torch.arange(drafter.cfg.draft_vocab_size, device=dev)  # [Vd] target ids of the draft vocabulary
+    in_draft = torch.ones(drafter.cfg.vocab_size, dtype=torch.bool, device=dev)  # [V]
+    if drafter.d2t is not None:
+        draft_ids, in_draft = draft_ids + drafter.d2t, drafter.t2d
+    target_top = tb.logits.argmax(-1)  # [B, S] target's greedy next token per position
+    tokens = F.pad(tb.tokens, (0, steps + 1))  # [B, S + steps + 1]
+    cos, sin = rope_for(drafter, S + steps, dev)
+    outs = eagle3_ttt_forward(drafter, tokens, tb.features, steps, cos, sin)
+    shifted_mask = F.pad(tb.mask, (0, steps + 2))
+    target_top = F.pad(target_top, (0, steps + 1))
+    restricted = tb.logits.index_select(-1, draft_ids)  # [B, S, Vd] the target's logits over the draft vocabulary
+    total = tb.features.new_zeros((), dtype=torch.float32)
+    accs, counts = [], []
+    for j, h in enumerate(outs):
+        # slot i at step j predicts x[i+2+j] from the target's position i+1+j
+        valid = shifted_mask[:, 2 + j: 2 + j + S] & in_draft[target_top[:, 1 + j: 1 + j + S]]  # [B, S]
+        valid[:, max(S - 1 - j, 0):] = False  # the target position i+1+j must exist
+        n = int(valid.sum())
+        counts.append(n)
+        if n == 0:
+            accs.append(total.new_zeros(()))
+            continue
+        rows = valid.nonzero(as_tuple=True)
+        pred = drafter.lm_head(drafter.norm(h[rows])).float()  # [N, Vd]
+        target_p = torch.softmax(restricted[rows[0], rows[1] + 1 + j].float(), -1)  # [N, Vd] renormalised
+        step_loss = -(target_p * torch.log_softmax(pred, -1)).sum(-1).mean()
+        total = total + TTT_DECAY ** j * step_loss
+        with torch.no_grad():
+            accs.append((draft_ids[pred.argmax(-1)] == target_top[rows[0], rows[1] + 1 + j]).float().mean())
+    return total, {"loss": total.detach(), "acc": accs, "positions": counts[0] if counts else 0}
+
+
+def chain_acceptance(accs: list[float], k: int) -> float:
+    """Expected mean acceptance length of a k-token chain at T=0 if TTT step j's accuracy were the
+    chance of accepting draft j given drafts < j were accepted: 1 + sum_j prod_{m<=j} acc_m."""
+    total, run = 1.0, 1.0
+    for a in accs[:k]:
+        run *= a
+        total += run
+    return total

