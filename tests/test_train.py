@@ -366,11 +366,11 @@ def _tiny_run_inputs(tmp_path):
     return tmp_path / "target", tmp_path / "data"
 
 
-def _train(target_dir, data_dir, out, method, *extra):
+def _train(target_dir, data_dir, out, method, *extra, device="cpu"):
     from demo.train import main
 
     return main(["--method", method, "--target", str(target_dir), "--data", f"regen:{data_dir}", "--out", str(out),
-                 "--device", "cpu", "--batch-tokens", "512", "--max-len", "128", "--draft-vocab", "64",
+                 "--device", device, "--batch-tokens", "512", "--max-len", "128", "--draft-vocab", "64",
                  "--ttt-steps", "3", "--log-every", "1", "--no-progress", *extra])
 
 
@@ -429,3 +429,35 @@ def test_validation_runs_and_tabulates():
     row = {"drafter": "eagle3 (x)", "temperature": 1.0, "k": 2, **stats.summary()}
     table = markdown_table([row], max_k=3)
     assert table.splitlines()[0].count("acc. token") == 3 and "| eagle3 (x) | 1 | 2 |" in table
+
+
+# ------------------------------------------------------------------------------------ on a GPU (skipped on CPU)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_graph_regeneration_equals_eager():
+    hf = tiny_hf(seed=3).to("cuda", torch.bfloat16)
+    target = Target(hf)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (int(n),), generator=g).tolist() for n in torch.randint(1, 40, (13,), generator=g)]
+    runs = []
+    for graph in (False, True):
+        gen = BatchGenerator(target, (IM_END,), BatchGenConfig(batch_size=5, max_new_tokens=12, cuda_graph=graph,
+                                                               check_every=3, capacity_step=8))
+        runs.append(dict(gen.generate(prompts)))
+        assert gen.uses_graphs == graph
+    assert runs[0] == runs[1] and len(runs[0]) == len(prompts)
+
+
+@cuda
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_cuda_training_run_in_bf16(tmp_path, method):
+    from demo.checkpoints import load_drafter
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3", device="cuda")
+    log = json.loads((tmp_path / "out" / "train_log.json").read_text())
+    assert log["steps"] == 3 and all(np.isfinite(r["loss"]) for r in log["history"])
+    target = Target(LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to("cuda").eval())
+    assert load_drafter(tmp_path / "out", target, method=method).cfg.method == method
