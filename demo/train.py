@@ -327,6 +327,8 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
         else:
             loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps)
     run.opt.zero_grad(set_to_none=True)
+    if not loss.requires_grad:  # no trainable slot in this batch (e.g. every target argmax outside the draft vocabulary)
+        return metrics, torch.zeros((), device=dev), int(mask.sum()), tokens.numel()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.params, args.grad_clip)
     run.opt.step()

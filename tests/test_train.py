@@ -147,6 +147,8 @@ def test_losses_are_finite_and_differentiable():
     d3.d2t.copy_(vocab.d2t)
     d3.t2d.copy_(vocab.t2d)
     d3.share_target(target)
+    empty, _ = eagle3_loss(d3, run_target(target, tokens, torch.zeros_like(mask), aux), steps=3)
+    assert float(empty) == 0 and not empty.requires_grad  # the trainer skips such a batch
     loss, m = eagle3_loss(d3, run_target(target, tokens, mask, aux), steps=3)
     loss.backward()
     assert torch.isfinite(loss) and len(m["acc"]) == 3 and d3.fc.weight.grad.abs().sum() > 0
