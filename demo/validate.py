@@ -2,10 +2,12 @@
 every draft token, for each speculation depth k and temperature, through the app's own engine.
 
     python -m demo.validate --drafter assets/drafters/smollm2-135m-eagle3 \
-        --drafter assets/drafters/smollm2-135m-eagle --num-prompts 100 --json runs/validate.json
+        --drafter assets/drafters/smollm2-135m-eagle --num-prompts 50 --json runs/validate.json
 
 Prompts are the first user turns of the last 1000 ShareGPT records (never trained on; see
-demo/train_data.py), a fixed-seed subsample with --num-prompts. Every (drafter, T, k) is a separate
+demo/train_data.py), read from the installed ShareGPT or from ``--prompts DIR`` (exported by
+``python -m demo.train_data prompts``, for machines without it), a fixed-seed subsample with
+--num-prompts. Every (drafter, T, k) is a separate
 run over the same prompts (acceptance at k depends on where steps begin, so k cannot be read off a
 deeper run). Metrics use demo/metrics.py's definitions: mean acceptance length includes the
 target's own token; acceptance at token i is the share of steps with at least i+1 drafts accepted.
