@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> dict:
             totals.merge(stats)
             answer = tokenizer.decode(tokens, skip_special_tokens=True)
             record = {"question_id": q.get("question_id"), "category": q.get("category"), "turn": turn,
-                      "prompt_tokens": len(ids), "generated_tokens": len(tokens), "text": answer,
+                      "prompt_tokens": len(ids), "generated_tokens": len(tokens), "text": answer, "token_ids": tokens,
                       "stats": stats.summary()}
             if args.check_lossless:
                 if k:
