@@ -153,6 +153,7 @@ class ModelChoice:
     target: str = "default"
     drafters: dict[str, str | None] = field(default_factory=dict)  # method -> spec; None: none
     fallback: bool = True  # a drafter that cannot be loaded becomes a random-init one (with a warning)
+    missing: dict[str, str] = field(default_factory=dict)  # method -> why its drafter is known to be absent
 
 
 def preset_choice(name: str | None = None) -> ModelChoice:
@@ -161,13 +162,14 @@ def preset_choice(name: str | None = None) -> ModelChoice:
     from demo.presets import DEFAULT_PRESET, get_preset
 
     preset = get_preset(name or DEFAULT_PRESET)
-    drafters = {}
+    drafters, missing = {}, {}
     for method in DRAFT_METHODS:
         try:
             drafters[method] = preset.drafter(method) if method in preset.methods else None
-        except DrafterLoadError:
-            drafters[method] = str(getattr(preset, method))  # missing bundled drafter: load() falls back
-    return ModelChoice(name=preset.name, target=preset.target, drafters=drafters)
+        except DrafterLoadError:  # a bundled drafter not built yet
+            drafters[method] = str(getattr(preset, method))
+            missing[method] = f"the bundled drafter is not built yet ({drafters[method]} has no config.json)"
+    return ModelChoice(name=preset.name, target=preset.target, drafters=drafters, missing=missing)
 
 
 def preset_names() -> list[str]:
@@ -249,13 +251,15 @@ class Session:
                 loaded[method] = (None, "none", [])
                 continue
             try:
+                if method in choice.missing:
+                    raise DrafterLoadError(choice.missing[method])
                 drafter = load_drafter(spec, self.target, method=method)
                 loaded[method] = (drafter, str(spec), [f"{METHOD_LABELS[method]}: {w}" for w in drafter.cfg.warnings])
             except (DrafterLoadError, OSError) as e:
                 if not choice.fallback:
                     raise RequestError(f"{METHOD_LABELS[method]} drafter {spec}: {e}") from e
-                note = (f"{METHOD_LABELS[method]}: no trained drafter could be loaded ({e}). Using a {RANDOM_INIT} "
-                        "drafter: the app works, but almost no draft token is accepted.")
+                note = (f"{METHOD_LABELS[method]}: no trained drafter ({e}). Using a {RANDOM_INIT} drafter: the "
+                        "app works, but almost no draft token is accepted.")
                 loaded[method] = (random_drafter(method, self.target), RANDOM_INIT, [note])
         for method, (drafter, label, warnings) in loaded.items():
             self.set_drafter(method, drafter, label)

@@ -2,6 +2,8 @@
 target-only comparison, chat turns, drafter swaps and the random-init fallback."""
 
 import copy
+import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +155,18 @@ def test_a_named_drafter_that_cannot_load_is_an_error_when_asked_for_explicitly(
     with pytest.raises(RequestError, match="EAGLE drafter"):
         s.switch(ModelChoice("tiny", "tiny", {"eagle3": None, "eagle": "/nonexistent/drafter"}, fallback=False))
     assert s.drafters == drafters  # nothing changed
+
+
+def test_the_default_preset_falls_back_visibly_while_its_drafters_are_not_built(monkeypatch):
+    import demo.presets as presets
+    from demo.session import preset_choice
+
+    preset = presets.PRESETS[presets.DEFAULT_PRESET]
+    unbuilt = dataclasses.replace(preset, eagle=Path("/nowhere/eagle"), eagle3=Path("/nowhere/eagle3"))
+    monkeypatch.setitem(presets.PRESETS, presets.DEFAULT_PRESET, unbuilt)
+    choice = preset_choice()
+    assert choice.target == "default" and set(choice.missing) == {"eagle", "eagle3"}
+    s = tiny_session()
+    warnings = s.load_drafters(choice)
+    assert all(s.drafter_labels[m] == RANDOM_INIT for m in ("eagle", "eagle3"))
+    assert len(warnings) == 2 and all("not built yet" in w and "random-init" in w for w in warnings)
