@@ -6,7 +6,7 @@ import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
-from tests.models import OracleDrafter, random_drafter, tiny_hf
+from tests.tiny import corrupted_oracle, tiny_drafter, tiny_hf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -19,9 +19,8 @@ def _tokens(engine, prompt, **gen):
 
 def _drafter(method, target, table):
     if method == "oracle":
-        corrupted = [t if i % 5 else (t + 1) % 256 for i, t in enumerate(table)]
-        return OracleDrafter(corrupted, 256, target.config.hidden_size)
-    return None if method == "none" else random_drafter(method, target, draft_vocab_size=128 if method == "eagle3" else 0)
+        return corrupted_oracle(table, target, every=5)
+    return None if method == "none" else tiny_drafter(method, target, draft_vocab_size=128 if method == "eagle3" else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -46,7 +45,7 @@ def test_cudagraph_output_is_token_identical_to_eager(method, k, dtype):
 def test_every_step_function_is_captured_before_generation():
     # vLLM #17504: an EAGLE-3 head left out of capture silently lowered acceptance
     target = Target(tiny_hf("llama").to("cuda"))
-    engine = Engine(target, random_drafter("eagle3", target), mode="cudagraph", max_context=128)
+    engine = Engine(target, tiny_drafter("eagle3", target), mode="cudagraph", max_context=128)
     buffers = engine.prepare(3)
     assert set(buffers.graphs) == {"verify", "catch_up", "chain"}
     events = list(engine.generate(PROMPT, GenerationConfig(max_new_tokens=20, num_spec_tokens=3, stop_token_ids=())))

@@ -5,7 +5,7 @@ import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
-from tests.models import OracleDrafter, random_drafter, tiny_hf
+from tests.tiny import OracleDrafter, corrupted_oracle, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
 
@@ -22,14 +22,11 @@ def run(engine, prompt, **gen):
 
 
 def make_drafter(method, target, table):
-    if method == "oracle":
-        corrupted = list(table)
-        for i in range(len(PROMPT) + 3, len(corrupted), 5):  # every 5th token wrong: uneven accepts
-            corrupted[i] = (corrupted[i] + 1) % 256
-        return OracleDrafter(corrupted, 256, target.config.hidden_size)
+    if method == "oracle":  # every 5th proposal wrong: uneven accepts
+        return corrupted_oracle(table, target, every=5, skip=len(PROMPT) + 3)
     if method == "none":
         return None
-    return random_drafter(method, target, draft_vocab_size=128 if method == "eagle3" else 0)
+    return tiny_drafter(method, target, draft_vocab_size=128 if method == "eagle3" else 0)
 
 
 @pytest.mark.parametrize("method", ["none", "eagle", "eagle3", "oracle"])
@@ -48,7 +45,7 @@ def test_greedy_spec_matches_transformers_generate_to_max_length(method, k):
 @pytest.mark.parametrize("method", ["none", "eagle", "eagle3", "oracle"])
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_greedy_spec_matches_transformers_generate_ending_on_eos(method, k):
-    hf = tiny_hf("qwen2", seed=3)
+    hf = tiny_hf("qwen2", seed=3)  # (no eos of its own: the test picks one from the free run)
     free = hf_greedy(hf, PROMPT, 40)
     eos = free[17]  # pretend the 18th token is the end of sequence
     ref = hf_greedy(hf, PROMPT, 40, eos=eos)
@@ -77,7 +74,7 @@ def test_oracle_drafter_is_accepted_and_counted():
 def test_target_only_through_a_speculative_engine_matches_generate():
     hf = tiny_hf("llama")
     target = Target(hf)
-    engine = Engine(target, random_drafter("eagle3", target), max_context=128)
+    engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
     tokens, events = run(engine, PROMPT, max_new_tokens=20, num_spec_tokens=3, speculate=False,
                          stop_token_ids=())
     assert tokens == hf_greedy(hf, PROMPT, 20)
@@ -87,17 +84,17 @@ def test_target_only_through_a_speculative_engine_matches_generate():
 def test_drafter_swap_keeps_output_identical():
     hf = tiny_hf("llama")
     target = Target(hf)
-    engine = Engine(target, random_drafter("eagle", target), max_context=128)
+    engine = Engine(target, tiny_drafter("eagle", target), max_context=128)
     first, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
-    engine.set_drafter(random_drafter("eagle3", target, draft_vocab_size=128))
+    engine.set_drafter(tiny_drafter("eagle3", target, draft_vocab_size=128))
     second, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
-    assert first == second == hf_greedy(hf, PROMPT, 16, eos=2)[: len(first)]
+    assert first == second == hf_greedy(hf, PROMPT, 16)
 
 
 def test_events_stream_one_step_at_a_time_with_timings():
     hf = tiny_hf("llama")
     target = Target(hf)
-    engine = Engine(target, random_drafter("eagle", target), max_context=128)
+    engine = Engine(target, tiny_drafter("eagle", target), max_context=128)
     _, events = run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=2, stop_token_ids=())
     assert events[0].step == 0 and events[0].draft_ids == [] and len(events[0].token_ids) == 1
     for e in events[1:]:
@@ -132,7 +129,7 @@ def test_default_target_with_random_drafters_matches_generate(default_target):
     ref = hf_greedy(hf, prompt, 32)
     target = Target(hf)
     for method in ("eagle", "eagle3"):
-        drafter = random_drafter(method, target, draft_vocab_size=4096 if method == "eagle3" else 0)
+        drafter = tiny_drafter(method, target, draft_vocab_size=4096 if method == "eagle3" else 0)
         engine = Engine(target, drafter, max_context=256)
         tokens, _ = run(engine, prompt, max_new_tokens=32, num_spec_tokens=3)
         assert tokens == ref[: len(tokens)] and len(tokens) == len(ref)

@@ -9,7 +9,7 @@ import torch
 from demo.engine import Engine, GenerationConfig
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
-from tests.models import random_drafter, tiny_hf
+from tests.tiny import tiny_drafter, tiny_hf
 
 
 def test_greedy_accepts_the_longest_matching_prefix_then_the_targets_token():
@@ -97,7 +97,7 @@ def test_sampled_speculative_decoding_matches_the_targets_joint_distribution(mon
         p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
         p2 = torch.softmax(hf(torch.tensor([prompt + [t] for t in range(6)])).logits[:, -1], -1)
     joint = (p1[:, None] * p2).flatten()
-    engine = Engine(target, random_drafter("eagle", target, seed=5), max_context=16)
+    engine = Engine(target, tiny_drafter("eagle", target, seed=5), max_context=16)
     counts, accepted = _joint_of_first_two_tokens(engine, prompt, 3000)
     assert accepted > 300  # the second token went through accepted drafts as well as rejections
     # 3000 draws over 36 cells: a correct sampler sits near 0.04
@@ -111,7 +111,7 @@ def test_sampled_speculative_decoding_matches_the_targets_joint_distribution(mon
 @pytest.mark.parametrize("mode_seed", [0, 7])
 def test_same_seed_same_sample(mode_seed):
     target = Target(tiny_hf("llama"))
-    engine = Engine(target, random_drafter("eagle3", target), max_context=64)
+    engine = Engine(target, tiny_drafter("eagle3", target), max_context=64)
     cfg = GenerationConfig(max_new_tokens=12, num_spec_tokens=3, temperature=0.8, top_p=0.9, seed=mode_seed)
     a = [t for e in engine.generate([1, 2, 3], cfg) for t in e.token_ids]
     b = [t for e in engine.generate([1, 2, 3], cfg) for t in e.token_ids]

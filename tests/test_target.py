@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from demo.target import Target
-from tests.models import KINDS, tiny_hf
+from tests.tiny import KINDS, tiny_hf
 
 
 def _rel_err(a, b):

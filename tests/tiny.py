@@ -25,21 +25,30 @@ SIZES = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hi
              bos_token_id=None, eos_token_id=None, pad_token_id=None)
 KINDS = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "llama-tied-mha": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, num_key_value_heads=4)),
+    "llama3-rope": (LlamaConfig, LlamaForCausalLM, dict(rope_theta=500000.0, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=64))),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # q/k/v biases
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),  # per-head q/k norms, head_dim != H/heads
 }
 
 
-def tiny_target(kind: str = "llama", *, tie: bool = False, seed: int = 0, **overrides):
-    """(transformers model, Target) of a tiny random Llama-family model in fp32 on CPU."""
+def tiny_hf(kind: str = "llama", seed: int = 0, **overrides):
+    """A tiny random transformers Llama-family model (fp32, CPU, eval, no gradients)."""
     cfg_cls, model_cls, extra = KINDS[kind]
     torch.manual_seed(seed)
-    hf = model_cls(cfg_cls(**{**SIZES, **extra, "tie_word_embeddings": tie, **overrides})).eval()
+    hf = model_cls(cfg_cls(**{**SIZES, "tie_word_embeddings": False, **extra, **overrides})).eval()
     if kind == "qwen2":  # transformers initialises biases to zero; random ones make them matter
         for layer in hf.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 nn.init.normal_(proj.bias, std=0.2)
-    hf.requires_grad_(False)
+    return hf.requires_grad_(False)
+
+
+def tiny_target(kind: str = "llama", *, tie: bool = False, seed: int = 0, **overrides):
+    """(transformers model, Target) of a tiny random Llama-family model in fp32 on CPU."""
+    hf = tiny_hf(kind, seed, tie_word_embeddings=tie, **overrides)
     return hf, Target(hf)
 
 
@@ -64,3 +73,41 @@ def tiny_drafter(method: str, target: Target, *, draft_vocab_size: int = 0, seed
             drafter.t2d.zero_()
             drafter.t2d[ids] = True
     return drafter.eval().requires_grad_(False)
+
+
+class OracleDrafter(nn.Module):
+    """Proposes the tokens of a known continuation `table` (prompt + answer), wrong wherever the
+    table was corrupted: acceptance is high and uneven, so runs see full accepts, bonus tokens and
+    early rejections. Follows the drafter contract of demo/drafter_common.py."""
+
+    feature = "hidden"
+
+    def __init__(self, table: list[int], vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.cfg = DrafterConfig(method="eagle", hidden_size=hidden_size, intermediate_size=1, num_heads=1,
+                                 num_kv_heads=1, vocab_size=vocab_size)
+        self.register_buffer("table", torch.tensor(table + [0] * 64))
+        self.vocab_size = vocab_size
+
+    def share_target(self, target):
+        pass
+
+    def setup_cache(self, capacity: int, batch: int = 1):
+        pass
+
+    def project(self, features):
+        return features
+
+    def forward(self, tokens, positions, hidden):
+        # the slot at position i pairs token x[i+1] with feature h[i]: it predicts x[i+2]
+        nxt = self.table[positions + 2]
+        return nn.functional.one_hot(nxt, self.vocab_size).to(hidden.dtype), hidden
+
+    def select(self, logits):
+        return logits.argmax(-1)
+
+
+def corrupted_oracle(table: list[int], target: Target, every: int = 5, skip: int = 0) -> OracleDrafter:
+    """An OracleDrafter whose every `every`-th proposal (after `skip` positions) is wrong."""
+    wrong = [t if i < skip or (i - skip) % every else (t + 1) % target.config.vocab_size for i, t in enumerate(table)]
+    return OracleDrafter(wrong, target.config.vocab_size, target.config.hidden_size)
