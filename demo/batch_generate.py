@@ -52,7 +52,6 @@ class BatchGenerator:
         self.uses_graphs = bool(cfg.cuda_graph and target.device.type == "cuda")
         self.capture_s = 0.0
         self._graph = None
-        self._pool = None
 
     # ------------------------------------------------------------------ persistent state
     def _allocate(self, batch: int, capacity: int) -> None:
@@ -107,9 +106,10 @@ class BatchGenerator:
 
             start = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start[0].record()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            self._graph = CapturedStep(self._decode_step, self._pool)  # its warm-up steps are real steps
+            # a fresh memory pool per capture: the previous graph (and its pool) was released when the
+            # cache grew, and capturing into a released pool trips the caching allocator's assert
+            self._graph = None
+            self._graph = CapturedStep(self._decode_step, torch.cuda.graph_pool_handle())  # its warm-up steps are real steps
             start[1].record()
             start[1].synchronize()
             self.capture_s += start[0].elapsed_time(start[1]) / 1e3
