@@ -117,6 +117,35 @@ def _argv(models, method: str, *extra: str) -> list[str]:
     return argv + list(extra)
 
 
+# each published layout, written as the hub has it (tests/test_checkpoints.py's writers)
+LAYOUTS = {
+    "eagle1-bin-fp16": ("eagle", "published_eagle", dict(fmt="bin", dtype=torch.float16)),
+    "eagle3-bin-fp16": ("eagle3", "published_eagle3", dict(fmt="bin", dtype=torch.float16)),
+    "specforge-sharded-bf16": ("eagle3", "specforge", dict(dtype=torch.bfloat16, shards=3)),
+    "speculators-safetensors": ("eagle3", "speculators", dict()),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_published_layout_is_accepted_and_lossless(models, layout, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from demo.target import Target
+    from tests import test_checkpoints as ckpt
+    from tests.tiny import tiny_drafter
+
+    method, writer, fmt = LAYOUTS[layout]
+    target = Target(AutoModelForCausalLM.from_pretrained(models["target"]))
+    drafter = tiny_drafter(method, target, draft_vocab_size=64 if method == "eagle3" else 0,
+                           **({"aux_layer_ids": (1, 3, 4)} if method == "eagle3" else {}))
+    config, tensors = getattr(ckpt, writer)(drafter, target)
+    path = ckpt.write(models["root"] / layout, config, tensors, **fmt)
+    argv = ["--target", str(models["target"]), "--prompts", str(models["prompts"]), "--method", method,
+            "--drafter", str(path), "--check-lossless", "-k", "3", *FAST]
+    assert bench.main(argv) == 0
+    assert "lossless: identical (3/3 prompts)" in capsys.readouterr().out.splitlines()
+
+
 @pytest.mark.parametrize("method", ["none", "eagle", "eagle3"])
 def test_check_lossless_reports_identical_for_every_method(models, method, capsys):
     assert bench.main(_argv(models, method, "--check-lossless", "--num-spec-tokens", "3")) == 0
