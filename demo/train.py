@@ -85,10 +85,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/train_state.pt")
+    p.add_argument("--init-drafter", default=None, metavar="DIR",
+                   help="start from a saved drafter's weights (and, for EAGLE-3, its draft vocabulary) with a "
+                        "fresh optimiser: continue a run whose training state was not kept")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     if args.max_steps is None and args.time_budget_min is None and args.epochs is None:
         p.error("give --max-steps, --time-budget-min or --epochs (when to stop)")
+    if args.init_drafter and args.resume:
+        p.error("--init-drafter starts a new run from saved weights; --resume continues a run's own checkpoint")
     if args.aux_layers is not None:
         args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
         if len(args.aux_layers) != 3:
@@ -267,12 +272,26 @@ def setup(args, times: dict) -> tuple[Run, dict]:
         if state["method"] != args.method:
             raise SystemExit(f"--resume: the checkpoint is a {state['method']} run, not {args.method}")
 
+    init = None
+    if args.init_drafter:
+        from demo.checkpoints import load_drafter
+
+        init = load_drafter(args.init_drafter, target, method=args.method)
+        if args.method == "eagle3" and args.aux_layers is None:
+            args.aux_layers = init.cfg.aux_layer_ids
+
     t = time.perf_counter()
     V = target.config.vocab_size
     vocab = None
     if args.method == "eagle3":
+        init_ids = None
         if state is not None and state["vocab_ids"] is not None:  # the vocabulary the run started with
-            ids = np.asarray(state["vocab_ids"])
+            init_ids = np.asarray(state["vocab_ids"])
+        elif init is not None:  # the saved drafter's: target id = draft id + d2t[draft id]
+            d2t = init.d2t.cpu().numpy() if init.d2t is not None else np.zeros(init.cfg.draft_vocab_size, np.int64)
+            init_ids = np.arange(len(d2t)) + d2t
+        if init_ids is not None:
+            ids = init_ids
             counts = np.bincount(answer.astype(np.int64), minlength=V)
             vocab = DraftVocab(ids, float(counts[ids].sum() / max(counts.sum(), 1)), V)
         else:
@@ -284,6 +303,10 @@ def setup(args, times: dict) -> tuple[Run, dict]:
     if args.aux_layers is not None:
         target.check_aux_layers(args.aux_layers)
     drafter = build_drafter(args.method, target, vocab, args.init_from_target, aux_layers=args.aux_layers)
+    if init is not None:
+        saved = {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()}
+        drafter.load_state_dict(saved)  # strict: the same architecture, key for key
+        print(f"initialised from {args.init_drafter}")
     params = trainable(drafter)
     save_dtype = getattr(torch, args.save_dtype)
     check_shardable(drafter, save_dtype)

@@ -412,6 +412,31 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_init_drafter_starts_from_the_saved_weights_and_draft_vocabulary(tmp_path, method):
+    """A run started with --init-drafter and a zero learning rate saves back exactly the drafter it
+    started from (weights, d2t and t2d), even when its data would pick another draft vocabulary."""
+    from safetensors.torch import load_file
+
+    from demo.checkpoints import load_drafter
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    f32 = ("--save-dtype", "float32")
+    _train(target_dir, data_dir, tmp_path / "a", method, "--max-steps", "2", *f32)
+    log = _train(target_dir, data_dir, tmp_path / "b", method, "--max-steps", "2", "--lr", "0", "--draft-vocab", "32",
+                 "--init-drafter", str(tmp_path / "a"), *f32)
+    assert log["steps"] == 2
+
+    def tensors(d):
+        files = sorted(d.glob("model*.safetensors"))
+        return {k: v for f in files for k, v in load_file(f).items()}
+
+    a, b = tensors(tmp_path / "a"), tensors(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
+    assert load_drafter(tmp_path / "b", target).cfg.draft_vocab_size == (64 if method == "eagle3" else VOCAB)
+
+
 def test_time_budget_stops_training_cleanly(tmp_path):
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
     log = _train(target_dir, data_dir, tmp_path / "out", "eagle3", "--time-budget-min", "0.0001")
