@@ -84,6 +84,15 @@ class StepBuffers:
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
 
+def compile_step(fn: Callable[[], object]):
+    """torch.compile a step function before capture: static shapes, one graph, and eager's rounding
+    points kept (inductor's emulate_precision_casts rounds fused intermediates to the tensor dtype
+    where eager would), so that compiling changes time, not tokens. Without it, fused bf16 norms keep
+    fp32 intermediates and flip argmax near-ties (measured on the H200: 2 of 8 prompts kept eager's
+    tokens, acceptance length 3.5 % lower)."""
+    return torch.compile(fn, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+
+
 class CapturedStep:
     """A step function over persistent buffers, captured once as a CUDA graph and replayed."""
 
@@ -200,7 +209,7 @@ class Engine:
         return b
 
     def _maybe_compile(self, fn):
-        return torch.compile(fn, fullgraph=True, dynamic=False) if self.compile else fn
+        return compile_step(fn) if self.compile else fn
 
     # ------------------------------------------------------------------ step functions
     # These read and write only persistent buffers and caches, and never sync with the host.

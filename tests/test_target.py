@@ -74,3 +74,18 @@ def test_default_target_matches_transformers(default_target):
         ours = target.forward(ids, torch.arange(12).view(1, -1)).logits
         ref = hf(ids).logits
     assert _rel_err(ours, ref) < 1e-5
+
+
+def test_compiled_step_rounds_like_eager_in_bf16():
+    # the engine compiles step functions with compile_step; in bf16 a plain torch.compile keeps fp32
+    # intermediates in fused norms and differs from eager (0.2 in these logits); ours must not
+    from demo.engine import compile_step
+
+    target = Target(tiny_hf("llama").to(torch.bfloat16))
+    target.setup_cache(32)
+    ids = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(8).view(1, -1)
+    with torch.no_grad():
+        eager = target.forward(ids, pos).logits
+        compiled = compile_step(lambda: target.forward(ids, pos).logits)()
+    assert torch.equal(compiled, eager)
