@@ -61,3 +61,27 @@ def test_compiled_graphs_match_eager_on_an_oracle_drafter():
     engine = Engine(target, _drafter("oracle", target, PROMPT + ref), mode="cudagraph", compile=True,
                     max_context=128)
     assert _tokens(engine, PROMPT, max_new_tokens=32, num_spec_tokens=3, stop_token_ids=()) == ref
+
+
+@pytest.mark.parametrize("q", [1, 2, 8])
+def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q):
+    # SmolLM2-135M's shapes (random weights), bf16: the H200 run of 2026-11-30 saw target-only
+    # decoding (q = 1) leave eager's tokens on 2 of 8 prompts while q = 8 matched bit for bit
+    from demo.engine import CapturedStep
+
+    hf = tiny_hf("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                 num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                 initializer_range=0.02, tie_word_embeddings=True).to("cuda", torch.bfloat16)
+    target = Target(hf)
+    target.setup_cache(2048)
+    prompt = torch.randint(3, 49152, (1, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    tokens = torch.randint(3, 49152, (1, q), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    positions = torch.arange(40, 40 + q, device="cuda").view(1, -1)
+    with torch.no_grad():
+        target.forward(prompt, torch.arange(40, device="cuda").view(1, -1))
+        eager = target.forward(tokens, positions, aux_layers=(2, 15, 27))
+        step = CapturedStep(lambda: target.forward(tokens, positions, aux_layers=(2, 15, 27)),
+                            torch.cuda.graph_pool_handle())
+        replayed = step()
+    assert torch.equal(replayed.aux, eager.aux), (replayed.aux.float() - eager.aux.float()).abs().max()
+    assert torch.equal(replayed.logits, eager.logits), (replayed.logits.float() - eager.logits.float()).abs().max()
