@@ -131,7 +131,6 @@ class Engine:
         self.max_context = min(max_context, target.config.max_position_embeddings)
         self.eos_token_ids = _eos_ids(target.hf)
         self._buffers: dict[int, StepBuffers] = {}
-        self._pool = None
         self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
         self.target.setup_cache(self.max_context)
         self.drafter = None
@@ -197,14 +196,16 @@ class Engine:
         self._buffers[k] = b
         if self.mode == "cudagraph":
             start = time.perf_counter()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
+            # one memory pool per depth, alive exactly as long as its graphs: capturing into a pool
+            # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
+            # allocator's assert, as the batched generator found on the H200
+            pool = torch.cuda.graph_pool_handle()
             fns = {"verify": lambda: self._verify_forward(b)}
             if k > 0:
                 fns["catch_up"] = lambda: self._catch_up(b)
                 fns["chain"] = lambda: self._chain(b)
             for name, fn in fns.items():
-                b.graphs[name] = CapturedStep(self._maybe_compile(fn), self._pool)
+                b.graphs[name] = CapturedStep(self._maybe_compile(fn), pool)
             self.capture_s += time.perf_counter() - start
         return b
 

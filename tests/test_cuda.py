@@ -85,3 +85,14 @@ def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q
         replayed = step()
     assert torch.equal(replayed.aux, eager.aux), (replayed.aux.float() - eager.aux.float()).abs().max()
     assert torch.equal(replayed.logits, eager.logits), (replayed.logits.float() - eager.logits.float()).abs().max()
+
+
+def test_drafter_swaps_in_graph_mode_recapture_and_stay_lossless():
+    hf = tiny_hf("llama").to("cuda")
+    target = Target(hf)
+    ref = _tokens(Engine(target, None, max_context=128), PROMPT, max_new_tokens=24, stop_token_ids=())
+    engine = Engine(target, tiny_drafter("eagle", target), mode="cudagraph", max_context=128)
+    for drafter in (tiny_drafter("eagle3", target, draft_vocab_size=128), tiny_drafter("eagle", target, seed=4)):
+        assert _tokens(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, stop_token_ids=()) == ref
+        engine.set_drafter(drafter)  # drops the old graphs; the next request captures anew
+    assert _tokens(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, stop_token_ids=()) == ref
