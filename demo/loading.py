@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,18 +104,13 @@ def default_target_dir() -> Path:
     model.config.quantization_config = None  # the dequantized weights are plain float tensors now
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + ".tmp")  # written aside, then moved in: never a half-written cache
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else _replace_dir(tmp, out)
+    if out.exists():  # an incomplete cache from an interrupted first start
+        shutil.rmtree(out)
+    tmp.replace(out)
     return out
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    import shutil
-
-    shutil.rmtree(dst)
-    src.replace(dst)
 
 
 def load_target(spec: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "auto"):
