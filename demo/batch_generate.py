@@ -57,8 +57,7 @@ class BatchGenerator:
     def _allocate(self, batch: int, capacity: int) -> None:
         dev, M = self.target.device, self.cfg.max_new_tokens
         self.B, self.capacity = batch, capacity
-        self.target.cache = None  # a fresh cache of exactly this size (setup_cache only grows)
-        self.target.setup_cache(capacity, batch)
+        self.target.setup_cache(capacity, batch, exact=True)
         self.tok = torch.zeros(batch, 1, dtype=torch.int64, device=dev)  # [B, 1] next input token
         self.pos = torch.zeros(batch, 1, dtype=torch.int64, device=dev)  # [B, 1] its position (= cache slot)
         self.active = torch.zeros(batch, dtype=torch.bool, device=dev)  # [B] still generating

@@ -80,7 +80,6 @@ class StepBuffers:
     draft_position: torch.Tensor  # [1, 1] int64
     result: torch.Tensor  # [1 + 2(k+1) + k] float64: accepted, tokens, token probs, drafts
     features: torch.Tensor | None = None  # [1, k+1, F] target features of the last verification
-    logits: torch.Tensor | None = None  # [1, k+1, V]
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
 
@@ -129,7 +128,7 @@ class Engine:
         self.mode = mode
         self.compile = compile
         self.max_context = min(max_context, target.config.max_position_embeddings)
-        self.eos_token_ids = _eos_ids(target.hf)
+        self.eos_token_ids = target.eos_token_ids
         self._buffers: dict[int, StepBuffers] = {}
         self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
         self.target.setup_cache(self.max_context)
@@ -369,15 +368,6 @@ def _cut(tokens: list[int], stop: set[int], budget: int) -> tuple[list[int], str
     if len(tokens) >= budget:
         return tokens[:budget], "length"
     return tokens, None
-
-
-def _eos_ids(hf_model) -> tuple[int, ...]:
-    eos = getattr(getattr(hf_model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(hf_model.config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
 class _StepTimer:

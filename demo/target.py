@@ -110,10 +110,23 @@ class Target:
             if not 0 <= i <= self.config.num_layers:
                 raise ValueError(f"aux layer id {i} is outside the target's layers 0..{self.config.num_layers}")
 
-    def setup_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        """Allocate the KV cache and RoPE tables once; a no-op when the current ones are big enough."""
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a reply: the generation config's eos, else the model config's."""
+        eos = getattr(getattr(self.hf, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.hf.config, "eos_token_id", None)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def setup_cache(self, capacity: int, batch: int = 1, exact: bool = False) -> KVCache:
+        """Allocate the KV cache and RoPE tables once; a no-op when the current ones are big enough
+        (`exact`: of exactly this capacity, as attention cost follows the capacity)."""
         c = self.config
-        if self.cache is None or self.cache.capacity < capacity or self.cache.k.shape[1] != batch:
+        have = self.cache
+        if (have is None or have.batch != batch or have.capacity < capacity
+                or (exact and have.capacity != capacity)):
             self.cache = KVCache(c.num_layers, batch, c.num_kv_heads, capacity, c.head_dim, self.dtype, self.device)
             self.cos, self.sin = rope_tables(self.inv_freq, capacity, self.rope_scale, self.dtype, self.device)
         return self.cache

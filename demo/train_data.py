@@ -473,7 +473,6 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
     from tqdm import tqdm
 
     from demo.batch_generate import BatchGenConfig, BatchGenerator
-    from demo.engine import _eos_ids
 
     t0 = time.perf_counter()
     all_ids, all_sources, fingerprint = training_prompts(tokenizer, prompts_dir, num)
@@ -489,7 +488,7 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
         sources.append(src)
     t_prep = time.perf_counter() - t0
     torch.manual_seed(seed)
-    gen = BatchGenerator(target, _eos_ids(target.hf), BatchGenConfig(
+    gen = BatchGenerator(target, target.eos_token_ids, BatchGenConfig(
         batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, cuda_graph=cuda_graph))
     writer = ShardWriter(out_dir)
     deadline = None if time_budget_min is None else t0 + 60 * time_budget_min

@@ -46,9 +46,7 @@ class TargetBatch:
 def run_target(target, tokens: torch.Tensor, mask: torch.Tensor, aux_layers: tuple[int, ...]) -> TargetBatch:
     """Full-sequence target forward over a cache of exactly [B, S] (positions = arange)."""
     B, S = tokens.shape
-    if target.cache is None or target.cache.capacity != S or target.cache.batch != B:
-        target.cache = None  # exact size: attention cost follows the cache capacity, not S
-        target.setup_cache(S, B)
+    target.setup_cache(S, B, exact=True)
     positions = torch.arange(S, device=tokens.device).expand(B, S)
     out = target.forward(tokens, positions, aux_layers=aux_layers)
     feats = out.aux if aux_layers else out.hidden
