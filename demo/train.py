@@ -212,6 +212,7 @@ def save_state(path: Path, run: "Run") -> None:
     state = {"drafter": own_state(run.drafter), "optimizer": run.opt.state_dict(), "step": run.step,
              "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch, "elapsed": run.elapsed,
              "vocab_ids": None if run.vocab is None else run.vocab.ids, "method": run.args.method,
+             "aux_layers": None if run.args.aux_layers is None else list(run.args.aux_layers),
              "torch_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     tmp = path.with_suffix(".tmp")
@@ -271,6 +272,12 @@ def setup(args, times: dict) -> tuple[Run, dict]:
         state = load_state(path)
         if state["method"] != args.method:
             raise SystemExit(f"--resume: the checkpoint is a {state['method']} run, not {args.method}")
+        saved = state.get("aux_layers")  # the run's feature layers (None: the target default)
+        saved = None if saved is None else tuple(saved)
+        if args.aux_layers is not None and args.aux_layers != saved:
+            raise SystemExit(f"--resume: the run trained on aux layers {saved or 'the target default'}, "
+                             f"not {args.aux_layers}")
+        args.aux_layers = saved
 
     init = None
     if args.init_drafter:

@@ -18,6 +18,7 @@ Vocabulary used by the trainer and this file:
 CLI (data is made once, then read by ``python -m demo.train``):
 
     python -m demo.train_data prompts --out artifacts/prompts      # where ShareGPT is installed (CPU)
+    python -m demo.train_data prompts --all-turns --out artifacts/prompts-turns   # every user turn
     python -m demo.train_data regen --prompts artifacts/prompts/train --out artifacts/regen --cuda-graph  # GPU
     python -m demo.train_data prepare --out artifacts/sharegpt     # ShareGPT answers as they are (CPU)
     python -m demo.train_data holdout                              # print the hold-out fingerprint
@@ -416,24 +417,34 @@ def prepare_sharegpt(tokenizer, out_dir: str | Path, max_len: int = 2048, num: i
     return meta
 
 
-def export_prompts(tokenizer, out_dir: str | Path, num: int | None = None) -> dict:
+def export_prompts(tokenizer, out_dir: str | Path, num: int | None = None, all_turns: bool = False) -> dict:
     """Chat-formatted prompts as shards (mask all zero), so that machines without ShareGPT (or
     without network) can regenerate and validate: ``OUT/train`` holds the first user turn of every
-    training record, ``OUT/holdout`` the validation prompts, each with its record index as source."""
+    training record (with all_turns: every distinct user turn, each as a single-turn prompt),
+    ``OUT/holdout`` the validation prompts, each with its record index as source."""
     train, split = training_records(num)
+    held = set(split.validation_prompts())
     counts = {}
     for name, records in (("train", train), ("holdout", split.holdout)):
         writer = ShardWriter(Path(out_dir) / name)
         if writer.next_part:
             raise FileExistsError(f"{Path(out_dir) / name} already holds shards")
+        seen: set[str] = set()
         for r in records:
-            text = r.first_user_turn()
-            if text is not None:
+            if name == "train" and all_turns:
+                texts = [m["content"] for m in r.messages if m["role"] == "user"]
+            else:
+                texts = [t for t in (r.first_user_turn(),) if t is not None]
+            for text in texts:
+                if name == "train" and (text in seen or text in held):
+                    continue  # a repeated turn ("continue") is answered once; no held-out text is trained on
+                seen.add(text)
                 ids = prompt_ids(tokenizer, text)
                 writer.add(ids, [0] * len(ids), r.index)
         writer.flush()
         counts[name] = writer.written
-        write_meta(Path(out_dir) / name, {"recipe": f"prompts-{name}", "sequences": writer.written,
+        recipe = "prompts-train-all-turns" if name == "train" and all_turns else f"prompts-{name}"
+        write_meta(Path(out_dir) / name, {"recipe": recipe, "sequences": writer.written,
                                           "holdout_fingerprint": split.fingerprint()})
     return {"holdout_fingerprint": split.fingerprint(), **counts}
 
@@ -456,19 +467,33 @@ def training_prompts(tokenizer, prompts_dir: str | Path | None, num: int | None)
     return ids, sources, split.fingerprint()
 
 
-def done_sources(out_dir: str | Path) -> set[int]:
-    """ShareGPT record indices already regenerated into the shards of out_dir (for resuming)."""
+def prompt_key(ids) -> bytes:
+    """A prompt's identity: its token ids as bytes."""
+    return np.asarray(ids, dtype=np.uint16).tobytes()
+
+
+def done_prompts(out_dir: str | Path) -> set[bytes]:
+    """Keys of the prompts already answered in the shards of out_dir (for resuming): each stored
+    sequence is prompt + answer, the prompt being the tokens before the first answer token."""
     try:
-        return set(load_shards(out_dir).source.tolist())
+        data = load_shards(out_dir)
     except FileNotFoundError:
         return set()
+    keys = set()
+    for i in range(len(data)):
+        tokens, mask = data.get(i)
+        start = int(np.argmax(mask)) if mask.any() else len(tokens)
+        keys.add(prompt_key(tokens[:start]))
+    return keys
 
 
 def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Path | None = None, num: int | None,
                batch_size: int, max_new_tokens: int, max_prompt_tokens: int, temperature: float, seed: int,
-               cuda_graph: bool, time_budget_min: float | None, progress: bool = True) -> dict:
-    """Recipe (b): answer every training record's first user turn with the target itself, and save
-    prompt + answer with the answer masked in. Resumable: records already in out_dir are skipped."""
+               cuda_graph: bool, time_budget_min: float | None, progress: bool = True,
+               shard: tuple[int, int] = (0, 1)) -> dict:
+    """Recipe (b): answer the training prompts with the target itself, and save prompt + answer with
+    the answer masked in. Resumable: prompts already answered in out_dir are skipped. shard=(i, n)
+    takes every n-th distinct prompt from the i-th, so n machines or GPUs can split the work."""
     import torch
     from tqdm import tqdm
 
@@ -476,10 +501,17 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
 
     t0 = time.perf_counter()
     all_ids, all_sources, fingerprint = training_prompts(tokenizer, prompts_dir, num)
-    done = done_sources(out_dir)
-    prompts, sources, too_long = [], [], 0
+    done = done_prompts(out_dir)
+    unique: dict[bytes, tuple[list[int], int]] = {}
     for ids, src in zip(all_ids, all_sources):
-        if src in done:
+        unique.setdefault(prompt_key(ids), (ids, src))
+    shard_i, shard_n = shard
+    prompts, sources, too_long, already = [], [], 0, 0
+    for n, (key, (ids, src)) in enumerate(unique.items()):
+        if n % shard_n != shard_i:
+            continue
+        if key in done:
+            already += 1
             continue
         if len(ids) > max_prompt_tokens:
             too_long += 1
@@ -506,7 +538,8 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
     t_gen = time.perf_counter() - t1
     run = {"prompts": len(prompts), "answered": writer.written, "left": len(prompts) - writer.written,
            "new_tokens": new_tokens, "stopped_at_eos": finished_at_stop, "skipped_too_long": too_long,
-           "already_done": len(done), "seconds_prepare": round(t_prep, 1), "seconds_generate": round(t_gen, 1),
+           "already_done": already, "shard": f"{shard_i}/{shard_n}", "seconds_prepare": round(t_prep, 1),
+           "seconds_generate": round(t_gen, 1),
            "tokens_per_s": round(new_tokens / max(t_gen, 1e-9)), "capture_s": round(gen.capture_s, 2),
            "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
            "temperature": temperature, "seed": seed, "cuda_graph": gen.uses_graphs, "device": str(target.device),
@@ -550,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cuda-graph", action="store_true", help="replay the decode step from a CUDA graph")
     r.add_argument("--time-budget-min", type=float, default=None,
                    help="stop cleanly after this long; rerun the same command to continue")
+    r.add_argument("--shard", default="0/1", metavar="I/N",
+                   help="answer every N-th distinct prompt from the I-th (split the work over N GPUs, one --out each)")
     s = sub.add_parser("prepare", help="format ShareGPT conversations as they are (recipe a)")
     s.add_argument("--out", required=True)
     s.add_argument("--target", default="default")
@@ -558,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("prompts", help="export chat-formatted training and hold-out prompts (no ShareGPT needed later)")
     e.add_argument("--out", required=True)
     e.add_argument("--target", default="default")
+    e.add_argument("--all-turns", action="store_true",
+                   help="every distinct user turn of the training records, each as a single-turn prompt "
+                        "(default: first user turns only)")
     sub.add_parser("holdout", help="print the hold-out split's size and fingerprint")
     args = p.parse_args(argv)
 
@@ -576,16 +614,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "prepare":
             meta = prepare_sharegpt(tok, args.out, args.max_len, args.num_convs)
         else:
-            meta = export_prompts(tok, args.out)
+            meta = export_prompts(tok, args.out, all_turns=args.all_turns)
         print(json.dumps(meta, indent=2))
         return 0
+    try:
+        shard = tuple(int(x) for x in args.shard.split("/"))
+        if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
+            raise ValueError
+    except ValueError:
+        p.error(f"--shard {args.shard!r}: give I/N with 0 <= I < N, e.g. 1/2")
     hf, tok = load_target(args.target, args.device, args.dtype)
     target = Target(hf)
     t_load = time.perf_counter() - start
     run = regenerate(target, tok, args.out, prompts_dir=args.prompts, num=args.num_convs, batch_size=args.batch_size,
                      max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                      temperature=args.temperature, seed=args.seed, cuda_graph=args.cuda_graph,
-                     time_budget_min=args.time_budget_min)
+                     time_budget_min=args.time_budget_min, shard=shard)
     run["seconds_load_target"] = round(t_load, 1)
     print(json.dumps(run, indent=2))
     if run["left"]:

@@ -12,6 +12,9 @@ run over the same prompts (acceptance at k depends on where steps begin, so k ca
 deeper run). Metrics use demo/metrics.py's definitions: mean acceptance length includes the
 target's own token; acceptance at token i is the share of steps with at least i+1 drafts accepted.
 Graph mode changes nothing but time, so ``--mode cudagraph`` gives the same table faster on a GPU.
+
+Runs split over processes or GPUs (one --ks / --temperatures / --drafter subset each, same prompts)
+are joined into one table with ``python -m demo.validate --merge a.json b.json ... --json all.json``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pathlib import Path
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m demo.validate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--drafter", action="append", required=True, help="drafter directory or hub id (repeatable)")
+    p.add_argument("--drafter", action="append", help="drafter directory or hub id (repeatable)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="join the reports of split runs (same prompts) into one; runs nothing")
     p.add_argument("--method", choices=("eagle", "eagle3"), default=None,
                    help="refuse a drafter of the other method (default: whatever the checkpoint is)")
     p.add_argument("--target", default="default")
@@ -46,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--markdown", default=None, metavar="OUT", help="also write the table here")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
+    if bool(args.merge) == bool(args.drafter):
+        p.error("give --drafter (run) or --merge (join reports), not both")
     args.ks = [int(k) for k in args.ks.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     if any(not 1 <= k <= 32 for k in args.ks):
@@ -98,8 +105,58 @@ def markdown_table(rows: list[dict], max_k: int) -> str:
     return "\n".join(lines)
 
 
+SAME_IN_MERGED = ("prompts", "holdout_fingerprint", "max_new_tokens", "max_prompt_tokens", "seed", "mode", "dtype")
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from runs split over processes: the settings must agree (same prompts, tokens,
+    seed, mode, dtype); rows are ordered by drafter, temperature, k. A (drafter, T, k) given twice
+    must have given the same numbers (as a graph and an eager run do); it is kept once."""
+    first = reports[0]
+    for r in reports[1:]:
+        for key in SAME_IN_MERGED:
+            if key in ("mode", "dtype"):
+                continue
+            if r.get(key) != first.get(key):
+                raise SystemExit(f"--merge: the reports differ in {key} ({first.get(key)!r} vs {r.get(key)!r})")
+    rows: dict[tuple, dict] = {}
+    for r in reports:
+        for row in r["runs"]:
+            row = {**row, "mode": row.get("mode", r["mode"])}
+            key = (row["path"], row["temperature"], row["k"])
+            if key in rows:
+                old = rows[key]
+                same = ("num_drafts", "num_accepted_tokens", "num_generated", "acceptance_per_position")
+                if any(old[f] != row[f] for f in same):
+                    raise SystemExit(f"--merge: {key} was run twice with different results "
+                                     f"({old['mode']}: {old['mean_acceptance_length']}, {row['mode']}: "
+                                     f"{row['mean_acceptance_length']})")
+                old["also_in_modes"] = sorted(set(old.get("also_in_modes", [])) | {row["mode"]})
+                continue
+            rows[key] = row
+    order = {path: i for i, path in enumerate(dict.fromkeys(row["path"] for r in reports for row in r["runs"]))}
+    runs = sorted(rows.values(), key=lambda row: (order[row["path"]], row["temperature"], row["k"]))
+    return {**{k: first.get(k) for k in SAME_IN_MERGED}, "modes": sorted({r["mode"] for r in reports}),
+            "merged_from": len(reports), "seconds": sum(r.get("seconds", 0) for r in reports),
+            "device": first.get("device"), "gpu": first.get("gpu"), "torch": first.get("torch"),
+            "runs": runs, "table": markdown_table(runs, max(row["k"] for row in runs))}
+
+
+def write_report(report: dict, args) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(report["table"] + "\n")
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.merge:
+        report = merge_reports([json.loads(Path(f).read_text()) for f in args.merge])
+        print(report["table"])
+        write_report(report, args)
+        return report
     import torch
     from tqdm import tqdm
 
@@ -128,7 +185,7 @@ def main(argv=None) -> dict:
                 start = time.perf_counter()
                 stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar)
                 summary = stats.summary()
-                rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method,
+                rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method, "mode": args.mode,
                              "temperature": temperature, "k": k, "seconds": time.perf_counter() - start, **summary})
                 bar.set_postfix(method=drafter.cfg.method, T=temperature, k=k,
                                 mal=f"{summary['mean_acceptance_length']:.2f}")
@@ -141,11 +198,7 @@ def main(argv=None) -> dict:
               "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
               "torch": torch.__version__, "seconds": time.perf_counter() - t0, "capture_s": engine.capture_s,
               "runs": rows, "table": table}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+    write_report(report, args)
     return report
 
 

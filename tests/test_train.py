@@ -335,6 +335,65 @@ def test_regen_cli_writes_masked_answers_and_resumes(tmp_path):
     assert [r["already_done"] for r in meta["runs"]] == [0, len(data)]
 
 
+def test_regen_shards_split_distinct_prompts_disjointly_and_resume_per_prompt(tmp_path):
+    from demo.train_data import main as data_main
+
+    target_dir, _ = _tiny_run_inputs(tmp_path)
+    writer = ShardWriter(tmp_path / "prompts")
+    # several turns of one record share its source index; one prompt is repeated
+    rows = [([256, 1 + i, 2 + i, 3], 10 + i // 3) for i in range(9)] + [([256, 1, 2, 3], 99)]
+    for ids, src in rows:
+        writer.add(ids, [0] * len(ids), src)
+    writer.flush()
+    distinct = {tuple(ids) for ids, _ in rows}
+
+    def regen(out, shard):
+        return data_main(["regen", "--prompts", str(tmp_path / "prompts"), "--target", str(target_dir), "--out",
+                          str(out), "--device", "cpu", "--batch-size", "4", "--max-new-tokens", "3", "--shard", shard])
+
+    def answered(out):
+        data = load_shards(out)
+        return [tuple(t[~m].tolist()) for t, m in (data.get(i) for i in range(len(data)))]
+
+    assert regen(tmp_path / "a", "0/2") == 0 and regen(tmp_path / "b", "1/2") == 0
+    a, b = answered(tmp_path / "a"), answered(tmp_path / "b")
+    assert not set(a) & set(b) and sorted(a + b) == sorted(distinct)  # every distinct prompt once, no repeat
+    assert regen(tmp_path / "a", "0/2") == 0  # resuming finds each prompt done, though turns share a source
+    assert sorted(answered(tmp_path / "a")) == sorted(a)
+    with pytest.raises(SystemExit):
+        regen(tmp_path / "c", "2/2")
+
+
+def test_all_turns_prompt_export_keeps_distinct_training_turns_and_no_holdout_text(tmp_path, monkeypatch):
+    from demo.train_data import export_prompts
+
+    rows = [{"id": "a_0", "conversations": [{"from": "human", "value": "first a"}, {"from": "gpt", "value": "x"},
+                                             {"from": "human", "value": "continue"}, {"from": "gpt", "value": "y"},
+                                             {"from": "human", "value": "held q"}]},
+            {"id": "b_0", "conversations": [{"from": "human", "value": "first b"}, {"from": "gpt", "value": "z"},
+                                             {"from": "human", "value": "continue"}]},
+            {"id": "c_0", "conversations": [{"from": "human", "value": "held q"}, {"from": "gpt", "value": "w"}]}]
+    (tmp_path / "sg.json").write_text(json.dumps(rows))
+    monkeypatch.setenv("SPECLENS_SHAREGPT", str(tmp_path / "sg.json"))
+    monkeypatch.setattr("demo.train_data.HOLDOUT", 1)
+    monkeypatch.setattr("demo.train_data.split_holdout.__defaults__", (1,))
+    tok = byte_tokenizer()
+
+    def texts(d):
+        data = load_shards(d)
+        return [tok.decode(data.get(i)[0].tolist()) for i in range(len(data))], data.source.tolist()
+
+    export_prompts(tok, tmp_path / "all", all_turns=True)
+    export_prompts(tok, tmp_path / "first")
+    got, sources = texts(tmp_path / "all" / "train")
+    users = [t.split("<|im_start|>user\n")[1].split("<|im_end|>")[0] for t in got]
+    assert users == ["first a", "continue", "first b"] and sources == [0, 0, 1]
+    first, _ = texts(tmp_path / "first" / "train")
+    assert [t.split("<|im_start|>user\n")[1].split("<|im_end|>")[0] for t in first] == ["first a", "first b"]
+    held, _ = texts(tmp_path / "all" / "holdout")
+    assert len(held) == 1 and "held q" in held[0]
+
+
 def test_validation_prompts_from_an_exported_directory(tmp_path):
     from demo.validate import holdout_prompt_ids
 
@@ -412,6 +471,17 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_keeps_the_runs_feature_layers(tmp_path):
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    _train(target_dir, data_dir, tmp_path / "r", "eagle3", "--max-steps", "1", "--aux-layers", "1,3,5")
+    resumed = _train(target_dir, data_dir, tmp_path / "r", "eagle3", "--max-steps", "2", "--resume")
+    assert list(resumed["drafter"]["config"]["aux_layer_ids"]) == [1, 3, 5]
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    with pytest.raises(SystemExit, match="aux layers"):
+        _train(target_dir, data_dir, tmp_path / "r", "eagle3", "--max-steps", "3", "--resume", "--aux-layers", "2,3,4")
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_init_drafter_starts_from_the_saved_weights_and_draft_vocabulary(tmp_path, method):
     """A run started with --init-drafter and a zero learning rate saves back exactly the drafter it
@@ -456,6 +526,30 @@ def test_validation_runs_and_tabulates():
     row = {"drafter": "eagle3 (x)", "temperature": 1.0, "k": 2, **stats.summary()}
     table = markdown_table([row], max_k=3)
     assert table.splitlines()[0].count("acc. token") == 3 and "| eagle3 (x) | 1 | 2 |" in table
+
+
+def test_split_validation_runs_merge_into_the_single_runs_table():
+    from demo.validate import merge_reports
+
+    def report(rows, mode="eager", **kw):
+        base = {"prompts": 2, "holdout_fingerprint": "f", "max_new_tokens": 8, "max_prompt_tokens": 64, "seed": 0,
+                "mode": mode, "dtype": "float32"}
+        return {**base, **kw, "runs": [{"drafter": p, "path": p, "temperature": t, "k": k, "num_drafts": 4,
+                                         "num_accepted_tokens": a, "num_generated": 8, "mean_acceptance_length": 1 + a / 4,
+                                         "acceptance_per_position": [a / 4] + [0.0] * (k - 1)} for p, t, k, a in rows]}
+
+    whole = report([("e3", 0.0, 1, 2), ("e3", 0.0, 2, 3), ("e3", 1.0, 1, 1), ("e1", 0.0, 1, 1)])
+    parts = [report([("e3", 1.0, 1, 1), ("e1", 0.0, 1, 1)]), report([("e3", 0.0, 2, 3), ("e3", 0.0, 1, 2)], "cudagraph"),
+             report([("e3", 0.0, 2, 3)])]  # the same run in eager and graph mode: kept once
+    merged = merge_reports(parts)
+    key = lambda r: (r["path"], r["temperature"], r["k"], r["num_accepted_tokens"])  # noqa: E731
+    assert sorted(map(key, merged["runs"])) == sorted(map(key, whole["runs"]))
+    assert [r["path"] for r in merged["runs"]] == ["e3", "e3", "e3", "e1"]  # drafters in first-seen order, then T, k
+    assert next(r for r in merged["runs"] if r["k"] == 2)["also_in_modes"] == ["eager"]
+    with pytest.raises(SystemExit, match="twice with different results"):
+        merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 1, 3)], "cudagraph")])
+    with pytest.raises(SystemExit, match="max_new_tokens"):
+        merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 2, 2)], max_new_tokens=9)])
 
 
 # ------------------------------------------------------------------------------------ on a GPU (skipped on CPU)
