@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The bundled drafters, end to end on one or more GPUs: regenerate the answers with the target,
+# train EAGLE-3 and EAGLE-1, validate both on the hold-out, and compare eager / CUDA-graph /
+# compiled decoding on the bench prompts. docs/DRAFTERS.md explains every stage.
+#
+#   python -m demo.train_data prompts --all-turns --out artifacts/prompts-turns   # where ShareGPT is (CPU)
+#   W=artifacts/run bash scripts/train_drafters.sh                                # on the GPU machine
+#
+# With two GPUs the stages run side by side: regeneration is split in halves (--shard), EAGLE-3
+# trains on GPU 0 while EAGLE-1 trains on GPU 1 and then runs the target-only mode comparison there.
+# Everything lands under $W (logs/, regen*/, eagle3/, eagle/, validate/, modes/); the last lines
+# printed are the summary.
+set -uo pipefail
+
+W=${W:-artifacts/run}
+TRAIN_PROMPTS=${TRAIN_PROMPTS:-artifacts/prompts-turns/train}
+HOLDOUT_PROMPTS=${HOLDOUT_PROMPTS:-artifacts/prompts/holdout}
+NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+REGEN_MIN=${REGEN_MIN:-4}            # regeneration budget per GPU (resumable: rerun to finish)
+REGEN_NEW_TOKENS=${REGEN_NEW_TOKENS:-256}
+TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
+TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget
+INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
+INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
+VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
+VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
+VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
+BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
+STAGES=${STAGES:-"regen train validate modes"}
+export PYTHONUNBUFFERED=1
+
+[ "$NGPU" -ge 1 ] || { echo "no GPU found (set NGPU)"; exit 1; }
+mkdir -p "$W/logs" "$W/validate" "$W/modes"
+log() { echo "[$(date +%T)] $*" | tee -a "$W/pipe.log"; }
+on_gpu() { local g=$(( $1 % NGPU )); shift; CUDA_VISIBLE_DEVICES=$g "$@"; }
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+regen_dirs() { local d=""; for ((g = 0; g < NGPU; g++)); do d+="${d:+,}regen:$W/regen$g"; done; echo "$d"; }
+
+modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on the bench prompts, then compared
+  local g=$1 m=$2 d=${3:+--drafter $3}
+  local b="python3 -m demo.bench --prompts assets/prompts/questions.jsonl --max-new-tokens $BENCH_NEW_TOKENS -k 7 --method $m $d"
+  on_gpu "$g" $b --mode eager --json "$W/modes/$m-eager.json" > "$W/logs/modes-$m-eager.log" 2>&1
+  on_gpu "$g" $b --mode cudagraph --json "$W/modes/$m-graph.json" > "$W/logs/modes-$m-graph.log" 2>&1
+  on_gpu "$g" $b --mode cudagraph --compile --json "$W/modes/$m-compile.json" > "$W/logs/modes-$m-compile.log" 2>&1
+  python3 -m demo.compare "$W/modes/$m-eager.json" "$W/modes/$m-graph.json" "$W/modes/$m-compile.json" \
+    > "$W/modes/$m.md" 2>&1
+  log "modes $m done"
+}
+
+train() {  # train GPU METHOD MINUTES INIT
+  local init=${4:+--init-drafter $4}
+  on_gpu "$1" python3 -m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$2" --time-budget-min "$3" \
+    $init --no-progress > "$W/logs/train-$2.log" 2>&1
+  log "train $2 rc=$?"
+}
+
+if has_stage regen; then
+  log "regen on $NGPU GPU(s)"
+  for ((g = 0; g < NGPU; g++)); do
+    on_gpu "$g" python3 -m demo.train_data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$g" --shard "$g/$NGPU" \
+      --max-new-tokens "$REGEN_NEW_TOKENS" --max-prompt-tokens 512 --batch-size 512 --cuda-graph \
+      --time-budget-min "$REGEN_MIN" > "$W/logs/regen$g.log" 2>&1 &
+  done
+  wait
+  log "regen done"
+fi
+
+if has_stage train; then
+  if [ "$NGPU" -ge 2 ]; then
+    train 0 eagle3 "$TRAIN3_MIN" "$INIT3" &
+    { train 1 eagle "$TRAIN1_MIN" "$INIT1"; has_stage modes && modes 1 none; } &
+    wait
+  else
+    train 0 eagle3 "$TRAIN3_MIN" "$INIT3"
+    train 0 eagle "$TRAIN1_MIN" "$INIT1"
+  fi
+fi
+
+if has_stage validate; then
+  # the table: k = 1..8, T = 0 and 1, graph mode, VAL_TABLE_PROMPTS prompts; the headline (k = 7,
+  # T = 0) on VAL_PROMPTS prompts in graph and in eager mode: the merge refuses them if they disagree.
+  # Processes on one GPU share it in turns, so splitting further buys little.
+  log "validate"
+  v="python3 -m demo.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
+  i=0
+  for m in eagle3 eagle; do
+    for t in 0 1; do
+      on_gpu $i $v --num-prompts "$VAL_TABLE_PROMPTS" --drafter "$W/$m" --mode cudagraph --temperatures $t \
+        --json "$W/validate/table-$m-T$t.json" > "$W/logs/validate-table-$m-T$t.log" 2>&1 &
+    done
+    for mode in cudagraph eager; do
+      on_gpu $i $v --num-prompts "$VAL_PROMPTS" --drafter "$W/$m" --mode $mode --temperatures 0 --ks 7 \
+        --json "$W/validate/headline-$m-$mode.json" > "$W/logs/validate-headline-$m-$mode.log" 2>&1 &
+    done
+    i=$((i + 1))
+  done
+  wait
+  python3 -m demo.validate --merge "$W"/validate/table-eagle3-*.json "$W"/validate/table-eagle-*.json \
+    --json "$W/validate.json" --markdown "$W/validate.md" > "$W/logs/validate-merge.log" 2>&1
+  python3 -m demo.validate --merge "$W"/validate/headline-eagle3-*.json "$W"/validate/headline-eagle-*.json \
+    --json "$W/headline.json" --markdown "$W/headline.md" >> "$W/logs/validate-merge.log" 2>&1
+  log "validate done rc=$?"
+fi
+
+if has_stage modes; then
+  modes 0 eagle3 "$W/eagle3" &
+  modes 1 eagle "$W/eagle" &
+  wait
+  if [ "$NGPU" -lt 2 ] || ! has_stage train; then modes 0 none; fi
+fi
+
+log "summary"
+for m in eagle3 eagle; do grep -h "final window" "$W/logs/train-$m.log" 2>/dev/null | sed "s/^/$m: /"; done
+grep -h "tokens_per_s\|\"answered\"" "$W"/logs/regen*.log 2>/dev/null
+cat "$W/headline.md" 2>/dev/null
+for m in none eagle3 eagle; do cat "$W/modes/$m.md" 2>/dev/null; done
