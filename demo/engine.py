@@ -96,10 +96,15 @@ class CapturedStep:
     """A step function over persistent buffers, captured once as a CUDA graph and replayed."""
 
     def __init__(self, fn: Callable[[], object], pool, warmup: int = 2):
+        # the first run is on the current stream, as eager mode's first run is, so that the
+        # libraries' per-shape choices (cuBLAS heuristics, SDPA backend) are made as eager makes
+        # them; the rest on a side stream, as PyTorch advises before a capture. Either also
+        # triggers torch.compile before the capture.
+        fn()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(warmup):  # also triggers torch.compile before capture
+            for _ in range(warmup - 1):
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()

@@ -63,10 +63,13 @@ def test_compiled_graphs_match_eager_on_an_oracle_drafter():
     assert _tokens(engine, PROMPT, max_new_tokens=32, num_spec_tokens=3, stop_token_ids=()) == ref
 
 
+@pytest.mark.parametrize("eager_first", [True, False])
 @pytest.mark.parametrize("q", [1, 2, 8])
-def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q):
-    # SmolLM2-135M's shapes (random weights), bf16: the H200 run of 2026-11-30 saw target-only
-    # decoding (q = 1) leave eager's tokens on 2 of 8 prompts while q = 8 matched bit for bit
+def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q, eager_first):
+    # SmolLM2-135M's shapes (random weights), bf16: the H200 runs of 2026-11-30 saw target-only
+    # decoding (q = 1) leave eager's tokens on 2 of 8 and 7 of 16 prompts while q = 8 matched bit
+    # for bit. The engine captures before any eager call of a shape (eager_first=False); an eager
+    # run made first in the same process may fix choices the capture then reuses.
     from demo.engine import CapturedStep
 
     hf = tiny_hf("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -79,10 +82,15 @@ def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q
     positions = torch.arange(40, 40 + q, device="cuda").view(1, -1)
     with torch.no_grad():
         target.forward(prompt, torch.arange(40, device="cuda").view(1, -1))
-        eager = target.forward(tokens, positions, aux_layers=(2, 15, 27))
+        if eager_first:
+            eager = target.forward(tokens, positions, aux_layers=(2, 15, 27))
         step = CapturedStep(lambda: target.forward(tokens, positions, aux_layers=(2, 15, 27)),
                             torch.cuda.graph_pool_handle())
         replayed = step()
+        replayed = type(replayed)(*(t.clone() if t is not None else None for t in
+                                    (replayed.logits, replayed.hidden, replayed.aux)))
+        if not eager_first:
+            eager = target.forward(tokens, positions, aux_layers=(2, 15, 27))
     assert torch.equal(replayed.aux, eager.aux), (replayed.aux.float() - eager.aux.float()).abs().max()
     assert torch.equal(replayed.logits, eager.logits), (replayed.logits.float() - eager.logits.float()).abs().max()
 
