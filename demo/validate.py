@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the captured steps (cudagraph mode): acceptance next to eager's")
     p.add_argument("--prompts", default=None, metavar="DIR",
                    help="exported hold-out prompts (OUT/holdout of `python -m demo.train_data prompts`); "
                         "default: read the installed ShareGPT")
@@ -53,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if bool(args.merge) == bool(args.drafter):
         p.error("give --drafter (run) or --merge (join reports), not both")
+    if args.compile and args.mode != "cudagraph":
+        p.error("--compile compiles the captured steps: use it with --mode cudagraph")
     args.ks = [int(k) for k in args.ks.split(",")]
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     if any(not 1 <= k <= 32 for k in args.ks):
@@ -100,7 +104,8 @@ def markdown_table(rows: list[dict], max_k: int) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         acc = [f"{a:.3f}" for a in r["acceptance_per_position"]] + [""] * (max_k - r["k"])
-        lines.append("| " + " | ".join([r["drafter"], f"{r['temperature']:g}", str(r["k"]),
+        name = r["drafter"] + (", compiled" if r.get("compile") else "")
+        lines.append("| " + " | ".join([name, f"{r['temperature']:g}", str(r["k"]),
                                          f"{r['mean_acceptance_length']:.3f}"] + acc) + " |")
     return "\n".join(lines)
 
@@ -110,8 +115,9 @@ SAME_IN_MERGED = ("prompts", "holdout_fingerprint", "max_new_tokens", "max_promp
 
 def merge_reports(reports: list[dict]) -> dict:
     """One report from runs split over processes: the settings must agree (same prompts, tokens,
-    seed, mode, dtype); rows are ordered by drafter, temperature, k. A (drafter, T, k) given twice
-    must have given the same numbers (as a graph and an eager run do); it is kept once."""
+    seed); rows are ordered by drafter, temperature, k. A (drafter, T, k) given twice must have
+    given the same numbers (as a graph and an eager run do); it is kept once. Compiled runs are
+    rows of their own (compilation may change the numerics)."""
     first = reports[0]
     for r in reports[1:]:
         for key in SAME_IN_MERGED:
@@ -123,7 +129,7 @@ def merge_reports(reports: list[dict]) -> dict:
     for r in reports:
         for row in r["runs"]:
             row = {**row, "mode": row.get("mode", r["mode"])}
-            key = (row["path"], row["temperature"], row["k"])
+            key = (row["path"], row["temperature"], row["k"], row.get("compile", False))
             if key in rows:
                 old = rows[key]
                 same = ("num_drafts", "num_accepted_tokens", "num_generated", "acceptance_per_position")
@@ -135,7 +141,8 @@ def merge_reports(reports: list[dict]) -> dict:
                 continue
             rows[key] = row
     order = {path: i for i, path in enumerate(dict.fromkeys(row["path"] for r in reports for row in r["runs"]))}
-    runs = sorted(rows.values(), key=lambda row: (order[row["path"]], row["temperature"], row["k"]))
+    runs = sorted(rows.values(), key=lambda row: (order[row["path"]], row.get("compile", False), row["temperature"],
+                                                  row["k"]))
     return {**{k: first.get(k) for k in SAME_IN_MERGED}, "modes": sorted({r["mode"] for r in reports}),
             "merged_from": len(reports), "seconds": sum(r.get("seconds", 0) for r in reports),
             "device": first.get("device"), "gpu": first.get("gpu"), "torch": first.get("torch"),
@@ -171,7 +178,8 @@ def main(argv=None) -> dict:
     prompts, fingerprint = holdout_prompt_ids(tok, args.num_prompts, args.max_prompt_tokens, args.seed, args.prompts)
     max_context = max(len(p) for p in prompts) + args.max_new_tokens + max(args.ks) + 1
     drafters = [(spec, load_drafter(spec, target, method=args.method)) for spec in args.drafter]
-    engine = Engine(target, drafters[0][1], mode=args.mode, max_context=max(max_context, 2048))
+    engine = Engine(target, drafters[0][1], mode=args.mode, compile=args.compile,
+                    max_context=max(max_context, 2048))
     print(f"{len(prompts)} hold-out prompts (fingerprint {fingerprint}), max_new_tokens {args.max_new_tokens}, "
           f"mode {args.mode}, {target.device}")
     rows = []
@@ -186,6 +194,7 @@ def main(argv=None) -> dict:
                 stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar)
                 summary = stats.summary()
                 rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method, "mode": args.mode,
+                             "compile": args.compile,
                              "temperature": temperature, "k": k, "seconds": time.perf_counter() - start, **summary})
                 bar.set_postfix(method=drafter.cfg.method, T=temperature, k=k,
                                 mal=f"{summary['mean_acceptance_length']:.2f}")

@@ -548,6 +548,11 @@ def test_split_validation_runs_merge_into_the_single_runs_table():
     assert next(r for r in merged["runs"] if r["k"] == 2)["also_in_modes"] == ["eager"]
     with pytest.raises(SystemExit, match="twice with different results"):
         merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 1, 3)], "cudagraph")])
+    compiled = report([("e3", 0.0, 1, 1)], "cudagraph")
+    compiled["runs"][0]["compile"] = True  # compilation may change the numerics: a row of its own
+    both = merge_reports([report([("e3", 0.0, 1, 2)]), compiled])
+    assert [(r["num_accepted_tokens"], r.get("compile", False)) for r in both["runs"]] == [(2, False), (1, True)]
+    assert "| e3, compiled | 0 | 1 |" in both["table"]
     with pytest.raises(SystemExit, match="max_new_tokens"):
         merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 2, 2)], max_new_tokens=9)])
 
