@@ -26,6 +26,6 @@ def test_bundled_drafters_load_and_accept_drafts(default_target, method):
         ids = chat_ids(tok, [{"role": "user", "content": text}])
         events = list(engine.generate(ids, GenerationConfig(max_new_tokens=64, num_spec_tokens=3)))
         totals.merge(events[-1].stats)
-    # a random drafter of this shape stays at 1.0; the v0 drafters reach 1.41 (EAGLE-3) and 1.49
-    # (EAGLE-1). The bar for EAGLE-3, > 2.0 here, waits for the retrained drafters.
-    assert totals.mean_acceptance_length > 1.3
+    # the bar: EAGLE-3 > 2.0 here. A random drafter of this shape stays at 1.0; the shipped
+    # drafters (2026-11-30, second run) reach 2.17 (EAGLE-3) and 1.90 (EAGLE-1) on this CPU, fp32
+    assert totals.mean_acceptance_length > {"eagle3": 2.0, "eagle": 1.6}[method]
