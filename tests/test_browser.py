@@ -208,7 +208,7 @@ def take_readme_screenshot(out: Path) -> None:
         d.get(url)
         wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
         css(d, "#sl-explainer button")[0].click()  # fold the explainer: room for the charts
-        type_and_generate(d, "Explain speculative decoding to a ten-year-old in three sentences.")
+        type_and_generate(d, "List five tips for learning a new language.")  # a long answer: more to highlight
         wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
         time.sleep(2.0)
         d.save_screenshot(str(out))
