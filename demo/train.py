@@ -12,6 +12,11 @@ data position, RNG), written every --save-every-min minutes and at the end.
 With --time-budget-min the learning-rate schedule runs on elapsed training time, so warm-up and
 cosine decay finish exactly when the budget does; with --max-steps it runs on steps (both: the
 earlier end wins).
+
+On several GPUs of one machine, start it with torchrun (data parallel, demo/train_dist.py); steps
+then count global batches of world size x --batch-tokens:
+
+    torchrun --nproc-per-node 2 -m demo.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 ...
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -32,6 +38,7 @@ from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
 from demo.train_data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_shards, read_meta
+from demo.train_dist import Dist, init_from_env
 from demo.train_losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
 
 STATE_FILE = "checkpoint/train_state.pt"
@@ -237,13 +244,14 @@ class Run:
     params: list
     opt: torch.optim.Optimizer
     aux: tuple[int, ...]  # target feature layers read (EAGLE-3), () for EAGLE-1
+    dist: Dist
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
     elapsed: float = 0.0  # seconds of training so far (all resumed runs)
 
 
-def setup(args, times: dict) -> tuple[Run, dict]:
+def setup(args, times: dict, dist: Dist = Dist()) -> tuple[Run, dict]:
     """Load the target and the data, build the draft vocabulary, the drafter and the optimiser,
     and restore a checkpoint with --resume. Returns the run and what the log records of the data."""
     from demo.loading import load_target
@@ -322,9 +330,12 @@ def setup(args, times: dict) -> tuple[Run, dict]:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,
                             **({"fused": True} if target.device.type == "cuda" else {}))
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers()) if args.method == "eagle3" else ()
-    run = Run(args, target, data, vocab, drafter, params, opt, aux)
+    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist)
+    dist.broadcast_parameters(params)
     if state is not None:
         restore(run, state)
+    elif dist.active:
+        torch.manual_seed(args.seed + 1000 * dist.rank)  # each rank its own feature noise
     log_data = {"sources": metas, "sequences": len(data), "tokens": int(data.lengths.sum()),
                 "answer_tokens": len(answer), "holdout_fingerprint": fingerprint}
     return run, log_data
@@ -357,9 +368,11 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
         else:
             loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps)
     run.opt.zero_grad(set_to_none=True)
-    if not loss.requires_grad:  # no trainable slot in this batch (e.g. every target argmax outside the draft vocabulary)
+    has_loss = loss.requires_grad  # False: no trainable slot (e.g. every target argmax outside the draft vocabulary)
+    if has_loss:
+        loss.backward()
+    if not run.dist.average_gradients(run.params, has_loss):  # one rank steps only when all do
         return metrics, torch.zeros((), device=dev), int(mask.sum()), tokens.numel()
-    loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.params, args.grad_clip)
     run.opt.step()
     return metrics, grad_norm, int(mask.sum()), tokens.numel()
@@ -375,7 +388,7 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
     budget_s = None if args.time_budget_min is None else 60 * args.time_budget_min
     max_steps = args.max_steps
     if args.epochs is not None:
-        per_epoch = len(length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, 0])))
+        per_epoch = len(run.dist.shard(length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, 0]))))
         by_epochs = int(math.ceil(args.epochs * per_epoch))
         max_steps = by_epochs if max_steps is None else min(max_steps, by_epochs)
 
@@ -384,11 +397,12 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
 
     history, window = [], _Window()
     last_save = time.perf_counter()
-    bar = tqdm(total=max_steps, initial=run.step, desc=f"train {args.method}", unit="step", disable=not args.progress,
+    bar = tqdm(total=max_steps, initial=run.step, desc=f"train {args.method}", unit="step",
+               disable=not (args.progress and run.dist.is_main),
                dynamic_ncols=True, mininterval=2.0)
     stop_reason = None
     while stop_reason is None:
-        order = length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, run.epoch]))
+        order = run.dist.shard(length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, run.epoch])))
         while run.batch_in_epoch < len(order):
             if max_steps is not None and run.step >= max_steps:
                 stop_reason = "max_steps"
@@ -401,6 +415,8 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
             metrics, grad_norm, answer, padded = train_step(run, order[run.batch_in_epoch], lr)
             run.step += 1
             run.batch_in_epoch += 1
+            # every rank adds the slowest rank's time, so all stop at the same step
+            dt, answer, padded = run.dist.agree(time.perf_counter() - t_step, answer, padded, run.target.device)
             window.add(metrics, grad_norm, answer, padded)  # answer = int(mask.sum()): syncs every step
             if run.step % args.log_every == 0 or run.step == max_steps:
                 row = window.flush(run.step, run.epoch, lr, run.elapsed)
@@ -409,8 +425,8 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
                                 **({"tau7": f"{row['chain_acceptance_k7']:.2f}"} if len(row["acc"]) > 1 else {}),
                                 tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
             bar.update(1)
-            run.elapsed += time.perf_counter() - t_step
-            if time.perf_counter() - last_save > 60 * args.save_every_min:
+            run.elapsed += dt
+            if run.dist.is_main and time.perf_counter() - last_save > 60 * args.save_every_min:
                 save_state(Path(args.out) / STATE_FILE, run)
                 last_save = time.perf_counter()
         if stop_reason is None:
@@ -424,25 +440,43 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    dist, args.device = init_from_env(args.device)
+    quiet = None
+    if not dist.is_main:  # one voice: rank 0 prints, logs and saves
+        quiet = sys.stdout = open(os.devnull, "w")
+    try:
+        return _main(args, dist)
+    finally:
+        dist.close()
+        if quiet is not None:
+            sys.stdout = sys.__stdout__
+            quiet.close()
+
+
+def _main(args, dist: Dist) -> dict:
     times = {}
     t0 = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
-    run, log_data = setup(args, times)
+    run, log_data = setup(args, times, dist)
 
     t = time.perf_counter()
     history, stop_reason = train_loop(run)
     times["train_s"] = time.perf_counter() - t
+    in_sync = dist.in_sync(run.params)
+    if not in_sync:
+        print("warning: the ranks ended with different weights; rank 0's are saved", file=sys.stderr)
 
     t = time.perf_counter()
-    save_state(out / STATE_FILE, run)
-    from demo.checkpoints import save_drafter
+    if dist.is_main:
+        save_state(out / STATE_FILE, run)
+        from demo.checkpoints import save_drafter
 
-    final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers)
-    final.load_state_dict(own_state(run.drafter))
-    final.to(getattr(torch, args.save_dtype)).eval()
-    save_drafter(final, out)
+        final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers)
+        final.load_state_dict(own_state(run.drafter))
+        final.to(getattr(torch, args.save_dtype)).eval()
+        save_drafter(final, out)
     times["save_s"] = time.perf_counter() - t
     times["total_s"] = time.perf_counter() - t0
 
@@ -450,16 +484,20 @@ def main(argv=None) -> dict:
     log = {
         "method": args.method, "args": vars(args), "stop_reason": stop_reason, "steps": run.step,
         "epochs_done": run.epoch, "trained_s": run.elapsed, "times": times, "data": log_data,
+        "world_size": dist.world, "ranks_in_sync": in_sync,
         "draft_vocab": None if run.vocab is None else {"size": len(run.vocab.ids), "coverage": run.vocab.coverage},
         "drafter": {"parameters": sum(p.numel() for p in run.params), "config": run.drafter.cfg.to_dict(),
                     "save_dtype": args.save_dtype},
         "device": _device_info(run.target.device), "final": last, "history": history,
     }
-    if args.resume and (out / LOG_FILE).exists():
-        log["previous"] = json.loads((out / LOG_FILE).read_text())
-    (out / LOG_FILE).write_text(json.dumps(log, indent=2, default=_jsonable) + "\n")
+    if dist.is_main:
+        if args.resume and (out / LOG_FILE).exists():
+            log["previous"] = json.loads((out / LOG_FILE).read_text())
+        (out / LOG_FILE).write_text(json.dumps(log, indent=2, default=_jsonable) + "\n")
+    dist.barrier()  # the drafter is on disk before any rank returns
     print(f"stopped ({stop_reason}) at step {run.step}, epoch {run.epoch}; trained {run.elapsed:.0f} s; stages: "
-          + ", ".join(f"{k} {v:.1f}" for k, v in times.items()))
+          + ", ".join(f"{k} {v:.1f}" for k, v in times.items())
+          + (f"; {dist.world} ranks, in sync: {in_sync}" if dist.active else ""))
     if last:
         estimate = last["chain_acceptance_k7"]
         print(f"final window: loss {last['loss']:.4f}, accuracy per step {[round(a, 3) for a in last['acc']]}"

@@ -471,6 +471,33 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_two_rank_data_parallel_run_stays_in_lockstep_and_saves_one_drafter(tmp_path):
+    """torchrun with 2 CPU ranks (gloo): averaged gradients keep both ranks' weights identical,
+    every rank takes half the epoch's batches, rank 0 alone writes the drafter and the log."""
+    import os
+    import subprocess
+    import sys
+
+    from demo.checkpoints import load_drafter
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+           "-m", "demo.train", "--method", "eagle3", "--target", str(target_dir), "--data", f"regen:{data_dir}",
+           "--out", str(tmp_path / "ddp"), "--device", "cpu", "--batch-tokens", "512", "--max-len", "128",
+           "--draft-vocab", "64", "--ttt-steps", "3", "--log-every", "1", "--no-progress", "--epochs", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = json.loads((tmp_path / "ddp" / "train_log.json").read_text())
+    assert log["world_size"] == 2 and log["ranks_in_sync"] is True
+    lengths = load_shards(data_dir).lengths
+    batches = len(length_batches(np.minimum(lengths, 128), 512, np.random.default_rng([0, 0])))
+    assert log["steps"] == batches // 2  # each global step is one batch per rank
+    assert done.stdout.count("drafter saved to") == 1  # one voice
+    target = Target(tiny_hf(seed=5))
+    assert load_drafter(str(tmp_path / "ddp"), target).cfg.method == "eagle3"
+
+
 def test_resume_keeps_the_runs_feature_layers(tmp_path):
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
     _train(target_dir, data_dir, tmp_path / "r", "eagle3", "--max-steps", "1", "--aux-layers", "1,3,5")
