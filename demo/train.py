@@ -403,6 +403,9 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
     stop_reason = None
     while stop_reason is None:
         order = run.dist.shard(length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, run.epoch])))
+        if not order:  # fewer batches than ranks: no rank would ever step
+            raise SystemExit(f"the data makes fewer batches per epoch than the {run.dist.world} ranks: "
+                             f"use a smaller --batch-tokens or fewer ranks")
         while run.batch_in_epoch < len(order):
             if max_steps is not None and run.step >= max_steps:
                 stop_reason = "max_steps"

@@ -19,7 +19,9 @@ NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 REGEN_MIN=${REGEN_MIN:-4}            # regeneration budget per GPU (resumable: rerun to finish)
 REGEN_NEW_TOKENS=${REGEN_NEW_TOKENS:-256}
 TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
-TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget
+TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
+TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
+DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
 INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
 VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
@@ -35,7 +37,10 @@ log() { echo "[$(date +%T)] $*" | tee -a "$W/pipe.log"; }
 on_gpu() { local g=$(( $1 % NGPU )); shift; CUDA_VISIBLE_DEVICES=$g "$@"; }
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
-regen_dirs() { local d=""; for ((g = 0; g < NGPU; g++)); do d+="${d:+,}regen:$W/regen$g"; done; echo "$d"; }
+regen_dirs() {
+  [ -n "$DATA" ] && { echo "$DATA"; return; }
+  local d=""; for ((g = 0; g < NGPU; g++)); do d+="${d:+,}regen:$W/regen$g"; done; echo "$d"
+}
 
 modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on the bench prompts, then compared
   local g=$1 m=$2 d=${3:+--drafter $3}
@@ -52,10 +57,19 @@ modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on 
   log "modes $m done"
 }
 
-train() {  # train GPU METHOD MINUTES INIT
+train() {  # train GPU|all METHOD MINUTES INIT
   local init=${4:+--init-drafter $4}
-  on_gpu "$1" python3 -m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$2" --time-budget-min "$3" \
-    $init --no-progress > "$W/logs/train-$2.log" 2>&1
+  if [ "$2" = eagle ] && [ "$3" = 0 ]; then  # no training: the starting head is the result
+    mkdir -p "$W/eagle" && cp "$4"/config.json "$4"/model*.safetensors* "$W/eagle/"
+    log "train eagle skipped (TRAIN1_MIN=0): $4"
+    return
+  fi
+  local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$2" --time-budget-min "$3" $init --no-progress)
+  if [ "$1" = all ]; then
+    python3 -m torch.distributed.run --nproc-per-node "$NGPU" "${args[@]}" > "$W/logs/train-$2.log" 2>&1
+  else
+    on_gpu "$1" python3 "${args[@]}" > "$W/logs/train-$2.log" 2>&1
+  fi
   log "train $2 rc=$?"
 }
 
@@ -71,7 +85,10 @@ if has_stage regen; then
 fi
 
 if has_stage train; then
-  if [ "$NGPU" -ge 2 ]; then
+  if [ "$TRAIN3_ALL_GPUS" = 1 ]; then
+    train all eagle3 "$TRAIN3_MIN" "$INIT3"
+    train 0 eagle "$TRAIN1_MIN" "$INIT1"
+  elif [ "$NGPU" -ge 2 ]; then
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3" &
     { train 1 eagle "$TRAIN1_MIN" "$INIT1"; has_stage modes && modes 1 none; } &
     wait
@@ -113,7 +130,7 @@ if has_stage modes; then
   modes 0 eagle3 "$W/eagle3" &
   modes 1 eagle "$W/eagle" &
   wait
-  if [ "$NGPU" -lt 2 ] || ! has_stage train; then modes 0 none; fi
+  if [ "$NGPU" -lt 2 ] || [ "$TRAIN3_ALL_GPUS" = 1 ] || ! has_stage train; then modes 0 none; fi
 fi
 
 log "summary"

@@ -496,6 +496,10 @@ def test_two_rank_data_parallel_run_stays_in_lockstep_and_saves_one_drafter(tmp_
     assert done.stdout.count("drafter saved to") == 1  # one voice
     target = Target(tiny_hf(seed=5))
     assert load_drafter(str(tmp_path / "ddp"), target).cfg.method == "eagle3"
+    # a batch per epoch for two ranks: refused, not an endless loop over empty epochs
+    cmd[cmd.index("--batch-tokens") + 1] = "100000"
+    done = subprocess.run(cmd[:-2] + ["--max-steps", "2"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and "fewer batches per epoch than the 2 ranks" in done.stderr
 
 
 def test_resume_keeps_the_runs_feature_layers(tmp_path):
