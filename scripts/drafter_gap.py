@@ -1,0 +1,76 @@
+"""Where an EAGLE-3 drafter loses acceptance: teacher-forced accuracy per draft step on held-out
+generations and on training sequences (the generalisation gap), next to the engine's acceptance on
+the same held-out prompts (the gap between every position and the positions where chains start).
+
+    python scripts/drafter_gap.py --drafter assets/drafters/smollm2-135m-eagle3 \
+        --holdout artifacts/prompts/holdout --train artifacts/regen-c/regen0 --num 8 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from demo.checkpoints import load_drafter
+from demo.engine import Engine, GenerationConfig
+from demo.loading import load_target
+from demo.metrics import AcceptanceStats
+from demo.target import Target
+from demo.train_data import load_shards
+from demo.train_losses import eagle3_loss, run_target
+from demo.validate import holdout_prompt_ids
+
+
+def teacher_forced(target, drafter, aux, ids: list[int], mask: list[int], steps: int) -> tuple[np.ndarray, int]:
+    """Per-step accuracy of the training-time-test forward over one sequence, and its slot count."""
+    tb = run_target(target, torch.tensor([ids], device=target.device),
+                    torch.tensor([mask], dtype=torch.bool, device=target.device), aux)
+    with torch.no_grad():
+        _, metrics = eagle3_loss(drafter, tb, steps)
+    return np.array([float(a) for a in metrics["acc"]]), int(metrics["positions"])
+
+
+def weighted(rows: list[tuple[np.ndarray, int]]) -> list[float]:
+    acc, n = np.stack([a for a, _ in rows]), np.array([n for _, n in rows], dtype=float)
+    return np.round((acc * n[:, None]).sum(0) / n.sum(), 3).tolist()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--holdout", required=True, help="exported hold-out prompts (train_data prompts OUT/holdout)")
+    p.add_argument("--train", required=True, help="a training shard directory (regen output)")
+    p.add_argument("--num", type=int, default=8)
+    p.add_argument("-k", type=int, default=7)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    args = p.parse_args()
+
+    hf, _ = load_target("default", args.device)
+    target = Target(hf)
+    drafter = load_drafter(args.drafter, target, method="eagle3")
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
+    prompts, _ = holdout_prompt_ids(None, 50, 1024, 0, args.holdout)  # the validation subsample's first ones
+    engine = Engine(target, drafter, max_context=2048)
+    stats, generated = AcceptanceStats(num_spec_tokens=args.k), []
+    for ids in prompts[: args.num]:
+        events = list(engine.generate(ids, GenerationConfig(max_new_tokens=args.max_new_tokens, num_spec_tokens=args.k)))
+        stats.merge(events[-1].stats)
+        generated.append((ids, [t for e in events for t in e.token_ids]))
+    # teacher forcing resizes the target's cache: after the engine is done with it
+    held = [teacher_forced(target, drafter, aux, ids + ans, [0] * len(ids) + [1] * len(ans), args.k)
+            for ids, ans in generated]
+    data = load_shards(args.train)
+    rows = np.random.default_rng(1).choice(len(data), args.num, replace=False)
+    train = [teacher_forced(target, drafter, aux, *(x.astype(np.int64).tolist() for x in data.get(int(i))), args.k)
+             for i in rows]
+    print(f"hold-out, engine (k={args.k}): mean acceptance length {stats.mean_acceptance_length:.3f}, acceptance "
+          f"per position {[round(a, 3) for a in stats.acceptance_per_position]}")
+    print(f"hold-out, teacher-forced accuracy per draft step: {weighted(held)}")
+    print(f"training, teacher-forced accuracy per draft step: {weighted(train)}")
+
+
+if __name__ == "__main__":
+    main()
