@@ -39,7 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="draft tokens per step (k)")
     e = p.add_argument_group("engine")
     e.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
-    e.add_argument("--compile", action="store_true", help="torch.compile the captured steps (cudagraph mode)")
+    e.add_argument("--compile", nargs="?", const="all", default=None, choices=("all", "drafter"),
+                   help="torch.compile the captured steps (cudagraph mode): all of them (default), or the "
+                        "drafter's only, which keeps eager's output token for token")
     e.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     e.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
@@ -255,7 +257,7 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
     dev = engine.device
     return {"target": args.target, "target_name": DEFAULT_TARGET_NAME if args.target == "default" else args.target,
             "drafter": drafter_spec(args), "method": args.method,
-            "k": args.num_spec_tokens if args.method != "none" else 0, "mode": args.mode, "compile": args.compile,
+            "k": args.num_spec_tokens if args.method != "none" else 0, "mode": args.mode, "compile": args.compile or False,
             "device": str(dev), "dtype": str(engine.target.dtype).replace("torch.", ""),
             "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
             "seed": args.seed, "max_new_tokens": args.max_new_tokens,
@@ -272,7 +274,7 @@ def format_report(report: dict) -> str:
     t, c = report["totals"], report["totals"]["config"]
     stats = AcceptanceStats(**t["counts"])
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
-    mode = c["mode"] + ("+compile" if c["compile"] else "")
+    mode = c["mode"] + {"all": "+compile", "drafter": "+compile(drafter)"}.get(c["compile"] or "", "")
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
              f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",

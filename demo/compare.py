@@ -37,7 +37,8 @@ def compare(reference: dict, other: dict) -> dict:
 
 def label(report: dict, path: str) -> str:
     c = report["totals"]["config"]
-    mode = c.get("mode", "?") + ("+compile" if c.get("compile") else "")
+    compiled = c.get("compile")
+    mode = c.get("mode", "?") + (("+compile(drafter)" if compiled == "drafter" else "+compile") if compiled else "")
     return f"{c.get('method', '?')} {mode} ({Path(path).name})"
 
 

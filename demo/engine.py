@@ -27,6 +27,7 @@ from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 
+COMPILE_SCOPES = ("all", "drafter")  # what --compile compiles: every step, or the drafter's steps only
 MODES = ("eager", "cudagraph")
 METHODS = ("none", "eagle", "eagle3")
 
@@ -122,10 +123,16 @@ class CapturedStep:
 class Engine:
     """Target plus optional drafter, run eagerly or from CUDA graphs captured before generation."""
 
-    def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool = False,
+    def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool | str = False,
                  max_context: int = 2048):
+        """compile: False, True or "all" (every captured step), or "drafter" (the drafter's steps
+        only: verification keeps eager's numerics, so the output stays eager's token for token and
+        only drafting time and acceptance can move, as in the vLLM change this project comes from)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        compile = "all" if compile is True else compile
+        if compile and compile not in COMPILE_SCOPES:
+            raise ValueError(f"compile must be False, True or one of {COMPILE_SCOPES}, not {compile!r}")
         if mode == "cudagraph" and target.device.type != "cuda":
             raise ValueError("cudagraph mode needs a CUDA device; this engine runs on "
                              f"{target.device.type} (use mode='eager')")
@@ -172,7 +179,8 @@ class Engine:
         drafter.setup_cache(self.max_context)
 
     def describe(self) -> dict:
-        return {"method": self.method, "mode": self.mode + ("+compile" if self.compile else ""),
+        compiled = {"all": "+compile", "drafter": "+compile(drafter)"}.get(self.compile or "", "")
+        return {"method": self.method, "mode": self.mode + compiled,
                 "device": str(self.device), "dtype": str(self.target.dtype).replace("torch.", ""),
                 "max_context": self.max_context}
 
@@ -209,12 +217,14 @@ class Engine:
                 fns["catch_up"] = lambda: self._catch_up(b)
                 fns["chain"] = lambda: self._chain(b)
             for name, fn in fns.items():
-                b.graphs[name] = CapturedStep(self._maybe_compile(fn), pool)
+                b.graphs[name] = CapturedStep(self._maybe_compile(fn, name), pool)
             self.capture_s += time.perf_counter() - start
         return b
 
-    def _maybe_compile(self, fn):
-        return compile_step(fn) if self.compile else fn
+    def _maybe_compile(self, fn, name: str):
+        if self.compile == "all" or (self.compile == "drafter" and name != "verify"):
+            return compile_step(fn)
+        return fn
 
     # ------------------------------------------------------------------ step functions
     # These read and write only persistent buffers and caches, and never sync with the host.

@@ -38,8 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the captured steps (cudagraph mode): acceptance next to eager's")
+    p.add_argument("--compile", nargs="?", const="all", default=None, choices=("all", "drafter"),
+                   help="torch.compile the captured steps (cudagraph mode), all or the drafter's only: "
+                        "acceptance next to eager's")
     p.add_argument("--prompts", default=None, metavar="DIR",
                    help="exported hold-out prompts (OUT/holdout of `python -m demo.train_data prompts`); "
                         "default: read the installed ShareGPT")
@@ -104,10 +105,16 @@ def markdown_table(rows: list[dict], max_k: int) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         acc = [f"{a:.3f}" for a in r["acceptance_per_position"]] + [""] * (max_k - r["k"])
-        name = r["drafter"] + (", compiled" if r.get("compile") else "")
+        name = r["drafter"] + {"": "", "all": ", compiled", "drafter": ", drafter compiled"}[_compiled(r)]
         lines.append("| " + " | ".join([name, f"{r['temperature']:g}", str(r["k"]),
                                          f"{r['mean_acceptance_length']:.3f}"] + acc) + " |")
     return "\n".join(lines)
+
+
+def _compiled(row: dict) -> str:
+    """A row's compile scope: "" (not compiled), "all" or "drafter"."""
+    scope = row.get("compile") or ""
+    return "all" if scope is True else scope
 
 
 SAME_IN_MERGED = ("prompts", "holdout_fingerprint", "max_new_tokens", "max_prompt_tokens", "seed", "mode", "dtype")
@@ -129,7 +136,7 @@ def merge_reports(reports: list[dict]) -> dict:
     for r in reports:
         for row in r["runs"]:
             row = {**row, "mode": row.get("mode", r["mode"])}
-            key = (row["path"], row["temperature"], row["k"], row.get("compile", False))
+            key = (row["path"], row["temperature"], row["k"], _compiled(row))
             if key in rows:
                 old = rows[key]
                 same = ("num_drafts", "num_accepted_tokens", "num_generated", "acceptance_per_position")
@@ -141,8 +148,7 @@ def merge_reports(reports: list[dict]) -> dict:
                 continue
             rows[key] = row
     order = {path: i for i, path in enumerate(dict.fromkeys(row["path"] for r in reports for row in r["runs"]))}
-    runs = sorted(rows.values(), key=lambda row: (order[row["path"]], row.get("compile", False), row["temperature"],
-                                                  row["k"]))
+    runs = sorted(rows.values(), key=lambda row: (order[row["path"]], _compiled(row), row["temperature"], row["k"]))
     return {**{k: first.get(k) for k in SAME_IN_MERGED}, "modes": sorted({r["mode"] for r in reports}),
             "merged_from": len(reports), "seconds": sum(r.get("seconds", 0) for r in reports),
             "device": first.get("device"), "gpu": first.get("gpu"), "torch": first.get("torch"),
@@ -194,7 +200,7 @@ def main(argv=None) -> dict:
                 stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar)
                 summary = stats.summary()
                 rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method, "mode": args.mode,
-                             "compile": args.compile,
+                             "compile": args.compile or False,
                              "temperature": temperature, "k": k, "seconds": time.perf_counter() - start, **summary})
                 bar.set_postfix(method=drafter.cfg.method, T=temperature, k=k,
                                 mal=f"{summary['mean_acceptance_length']:.2f}")

@@ -45,12 +45,13 @@ regen_dirs() {
 modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on the bench prompts, then compared
   local g=$1 m=$2 d=${3:+--drafter $3}
   local b="python3 -m demo.bench --prompts assets/prompts/questions.jsonl --max-new-tokens $BENCH_NEW_TOKENS -k 7 --method $m $d"
-  local runs="eager graph compile"
+  local runs="eager graph compile compile-drafter"
   [ "$m" = none ] && runs="eager eager2 graph compile"  # eager twice: is eager itself repeatable across processes?
   for r in $runs; do
     local flags="--mode eager"
     [ "$r" = graph ] && flags="--mode cudagraph"
-    [ "$r" = compile ] && flags="--mode cudagraph --compile"
+    [ "$r" = compile ] && flags="--mode cudagraph --compile all"
+    [ "$r" = compile-drafter ] && flags="--mode cudagraph --compile drafter"
     on_gpu "$g" $b $flags --json "$W/modes/$m-$r.json" > "$W/logs/modes-$m-$r.log" 2>&1
   done
   python3 -m demo.compare $(for r in $runs; do echo "$W/modes/$m-$r.json"; done) > "$W/modes/$m.md" 2>&1
@@ -101,7 +102,8 @@ fi
 if has_stage validate; then
   # the table: k = 1..8, T = 0 and 1, graph mode, VAL_TABLE_PROMPTS prompts; the headline (k = 7,
   # T = 0) on VAL_PROMPTS prompts in graph and in eager mode (the merge refuses them if they
-  # disagree) and compiled (a row of its own: its acceptance next to eager's).
+  # disagree) and compiled, all steps or the drafter's only (rows of their own: acceptance next to
+  # eager's).
   # Processes on one GPU share it in turns, so splitting further buys little.
   log "validate"
   v="python3 -m demo.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
@@ -111,8 +113,8 @@ if has_stage validate; then
       on_gpu $i $v --num-prompts "$VAL_TABLE_PROMPTS" --drafter "$W/$m" --mode cudagraph --temperatures $t \
         --json "$W/validate/table-$m-T$t.json" > "$W/logs/validate-table-$m-T$t.log" 2>&1 &
     done
-    for mode in cudagraph eager "cudagraph --compile"; do
-      tag=${mode// --/-}
+    for mode in cudagraph eager "cudagraph --compile all" "cudagraph --compile drafter"; do
+      tag=${mode// --compile /-compile-}
       on_gpu $i $v --num-prompts "$VAL_PROMPTS" --drafter "$W/$m" --mode $mode --temperatures 0 --ks 7 \
         --json "$W/validate/headline-$m-$tag.json" > "$W/logs/validate-headline-$m-$tag.log" 2>&1 &
     done

@@ -54,13 +54,27 @@ def test_every_step_function_is_captured_before_generation():
     assert replays == {"verify": steps, "chain": steps, "catch_up": steps - 1}
 
 
-def test_compiled_graphs_match_eager_on_an_oracle_drafter():
+@pytest.mark.parametrize("scope", [True, "drafter"])
+def test_compiled_graphs_match_eager_on_an_oracle_drafter(scope):
     hf = tiny_hf("llama").to("cuda")
     target = Target(hf)
     ref = _tokens(Engine(target, None, max_context=128), PROMPT, max_new_tokens=32, stop_token_ids=())
-    engine = Engine(target, _drafter("oracle", target, PROMPT + ref), mode="cudagraph", compile=True,
+    engine = Engine(target, _drafter("oracle", target, PROMPT + ref), mode="cudagraph", compile=scope,
                     max_context=128)
     assert _tokens(engine, PROMPT, max_new_tokens=32, num_spec_tokens=3, stop_token_ids=()) == ref
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_compiling_only_the_drafter_keeps_graph_modes_tokens_in_bf16(method):
+    # verification stays uncompiled, so the output is the graph (= eager) output token for token
+    # whatever the compiled drafter proposes; only acceptance may move
+    hf = tiny_hf("llama").to("cuda", torch.bfloat16)
+    target = Target(hf)
+    drafter = _drafter(method, target, PROMPT)
+    graph = _tokens(Engine(target, drafter, mode="cudagraph", max_context=128), PROMPT, max_new_tokens=48,
+                    num_spec_tokens=4, stop_token_ids=())
+    compiled = Engine(target, drafter, mode="cudagraph", compile="drafter", max_context=128)
+    assert _tokens(compiled, PROMPT, max_new_tokens=48, num_spec_tokens=4, stop_token_ids=()) == graph
 
 
 @pytest.mark.parametrize("eager_first", [True, False])

@@ -121,6 +121,13 @@ def test_cudagraph_mode_is_refused_without_cuda():
         Engine(Target(tiny_hf("llama")), None, mode="cudagraph")
 
 
+def test_an_unknown_compile_scope_is_refused():
+    with pytest.raises(ValueError, match="compile must be"):
+        Engine(Target(tiny_hf("llama")), None, compile="sideways")
+    for scope, label in ((True, "eager+compile"), ("drafter", "eager+compile(drafter)"), (False, "eager")):
+        assert Engine(Target(tiny_hf("llama")), None, compile=scope).describe()["mode"] == label
+
+
 def test_default_target_with_random_drafters_matches_generate(default_target):
     hf, tok = default_target
     from demo.prompts import chat_ids
