@@ -18,10 +18,12 @@ HOLDOUT_PROMPTS=${HOLDOUT_PROMPTS:-artifacts/prompts/holdout}
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 REGEN_MIN=${REGEN_MIN:-4}            # regeneration budget per GPU (resumable: rerun to finish)
 REGEN_NEW_TOKENS=${REGEN_NEW_TOKENS:-256}
+REGEN_TEMPERATURE=${REGEN_TEMPERATURE:-0}  # 0: greedy answers; e.g. 0.8 for a sampled pass
 TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
 TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
+EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
 INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
 VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
@@ -38,8 +40,12 @@ on_gpu() { local g=$(( $1 % NGPU )); shift; CUDA_VISIBLE_DEVICES=$g "$@"; }
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 regen_dirs() {
-  [ -n "$DATA" ] && { echo "$DATA"; return; }
-  local d=""; for ((g = 0; g < NGPU; g++)); do d+="${d:+,}regen:$W/regen$g"; done; echo "$d"
+  local d="$DATA"
+  if [ -z "$d" ]; then  # this run's shards, where regeneration wrote any
+    for ((g = 0; g < NGPU; g++)); do ls "$W/regen$g"/part-*.npz >/dev/null 2>&1 && d+="${d:+,}regen:$W/regen$g"; done
+  fi
+  [ -z "$d" ] && { echo "${EXTRA_DATA:?no training data: this run regenerated none and EXTRA_DATA is empty}"; return; }
+  echo "$d${EXTRA_DATA:+,$EXTRA_DATA}"
 }
 
 modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on the bench prompts, then compared
@@ -79,6 +85,7 @@ if has_stage regen; then
   for ((g = 0; g < NGPU; g++)); do
     on_gpu "$g" python3 -m demo.train_data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$g" --shard "$g/$NGPU" \
       --max-new-tokens "$REGEN_NEW_TOKENS" --max-prompt-tokens 512 --batch-size 512 --cuda-graph \
+      --temperature "$REGEN_TEMPERATURE" --seed "$g" \
       --time-budget-min "$REGEN_MIN" > "$W/logs/regen$g.log" 2>&1 &
   done
   wait
