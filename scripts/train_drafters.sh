@@ -31,6 +31,7 @@ VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 an
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
 BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
 STAGES=${STAGES:-"regen train validate modes"}
+MODES_METHODS=${MODES_METHODS:-"eagle3 eagle none"}  # the mode comparison's methods
 export PYTHONUNBUFFERED=1
 
 [ "$NGPU" -ge 1 ] || { echo "no GPU found (set NGPU)"; exit 1; }
@@ -98,7 +99,7 @@ if has_stage train; then
     train 0 eagle "$TRAIN1_MIN" "$INIT1"
   elif [ "$NGPU" -ge 2 ]; then
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3" &
-    { train 1 eagle "$TRAIN1_MIN" "$INIT1"; has_stage modes && modes 1 none; } &
+    { train 1 eagle "$TRAIN1_MIN" "$INIT1"; has_stage modes && [[ " $MODES_METHODS " == *" none "* ]] && modes 1 none; } &
     wait
   else
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3"
@@ -136,10 +137,16 @@ if has_stage validate; then
 fi
 
 if has_stage modes; then
-  modes 0 eagle3 "$W/eagle3" &
-  modes 1 eagle "$W/eagle" &
+  # one method per GPU, side by side (with more methods than GPUs some share one: mind the timings);
+  # target-only may already have run on GPU 1 during EAGLE-3's training
+  i=0
+  for m in $MODES_METHODS; do
+    [ "$m" = none ] && [ -e "$W/modes/none.md" ] && continue
+    d=""; [ "$m" != none ] && d="$W/$m"
+    modes $i "$m" $d &
+    i=$((i + 1))
+  done
   wait
-  if [ "$NGPU" -lt 2 ] || [ "$TRAIN3_ALL_GPUS" = 1 ] || ! has_stage train; then modes 0 none; fi
 fi
 
 log "summary"
