@@ -33,6 +33,8 @@ BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
 STAGES=${STAGES:-"regen train validate modes"}
 MODES_METHODS=${MODES_METHODS:-"eagle3 eagle none"}  # the mode comparison's methods
 export PYTHONUNBUFFERED=1
+# data-parallel training needs plain NCCL all-reduces only: NVLink multicast stays off, on shared hosts too
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 [ "$NGPU" -ge 1 ] || { echo "no GPU found (set NGPU)"; exit 1; }
 mkdir -p "$W/logs" "$W/validate" "$W/modes"
