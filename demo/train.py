@@ -251,12 +251,13 @@ class Run:
     elapsed: float = 0.0  # seconds of training so far (all resumed runs)
 
 
-def setup(args, times: dict, dist: Dist = Dist()) -> tuple[Run, dict]:
+def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     """Load the target and the data, build the draft vocabulary, the drafter and the optimiser,
     and restore a checkpoint with --resume. Returns the run and what the log records of the data."""
     from demo.loading import load_target
     from demo.target import Target
 
+    dist = dist or Dist()
     t = time.perf_counter()
     hf, tok = load_target(args.target, args.device)
     target = Target(hf)
@@ -333,9 +334,9 @@ def setup(args, times: dict, dist: Dist = Dist()) -> tuple[Run, dict]:
     run = Run(args, target, data, vocab, drafter, params, opt, aux, dist)
     dist.broadcast_parameters(params)
     if state is not None:
-        restore(run, state)
-    elif dist.active:
-        torch.manual_seed(args.seed + 1000 * dist.rank)  # each rank its own feature noise
+        restore(run, state)  # rank 0's generator state, on every rank
+    if dist.active:  # each rank its own feature noise (exact resumption is a one-process promise)
+        torch.manual_seed(args.seed + 1000 * dist.rank + run.step)
     log_data = {"sources": metas, "sequences": len(data), "tokens": int(data.lengths.sum()),
                 "answer_tokens": len(answer), "holdout_fingerprint": fingerprint}
     return run, log_data
