@@ -95,12 +95,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--init-drafter", default=None, metavar="DIR",
                    help="start from a saved drafter's weights (and, for EAGLE-3, its draft vocabulary) with a "
                         "fresh optimiser: continue a run whose training state was not kept")
+    p.add_argument("--rebuild-draft-vocab", action="store_true",
+                   help="with --init-drafter (EAGLE-3): a new draft vocabulary from this data; lm_head rows of "
+                        "tokens in both vocabularies are kept, new tokens' rows start from the target's")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     if args.max_steps is None and args.time_budget_min is None and args.epochs is None:
         p.error("give --max-steps, --time-budget-min or --epochs (when to stop)")
     if args.init_drafter and args.resume:
         p.error("--init-drafter starts a new run from saved weights; --resume continues a run's own checkpoint")
+    if args.rebuild_draft_vocab and not (args.init_drafter and args.method == "eagle3"):
+        p.error("--rebuild-draft-vocab renews the vocabulary of an EAGLE-3 --init-drafter (a fresh run builds one anyway)")
     if args.aux_layers is not None:
         args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
         if len(args.aux_layers) != 3:
@@ -181,6 +186,32 @@ def build_drafter(method: str, target, vocab: DraftVocab | None, init_from_targe
     if share:
         drafter.share_target(target)
     return drafter
+
+
+def draft_vocab_ids(drafter) -> np.ndarray:
+    """The target ids of an EAGLE-3 drafter's draft vocabulary, in draft order (id + d2t[id])."""
+    n = drafter.cfg.draft_vocab_size
+    d2t = drafter.d2t.cpu().numpy() if drafter.d2t is not None else np.zeros(n, np.int64)
+    return np.arange(n) + d2t
+
+
+def carry_over_vocab(saved: dict[str, torch.Tensor], old_ids: np.ndarray, drafter) -> int:
+    """Fit a saved EAGLE-3 state to `drafter`'s (new) draft vocabulary, in place: lm_head rows of
+    target tokens in both vocabularies move to their new draft ids, the others keep the drafter's
+    own rows (the target's, see build_drafter), and d2t/t2d become the drafter's. Returns the
+    number of rows kept."""
+    new_ids = draft_vocab_ids(drafter)
+    old_row = {int(t): i for i, t in enumerate(old_ids)}
+    pairs = [(j, old_row[int(t)]) for j, t in enumerate(new_ids) if int(t) in old_row]
+    head = drafter.lm_head.weight.detach().float().cpu().clone()  # [Vd_new, H]
+    if pairs:
+        new_rows, old_rows = (torch.tensor(x) for x in zip(*pairs))
+        head[new_rows] = saved["lm_head.weight"].cpu()[old_rows]
+    saved["lm_head.weight"] = head
+    for name in ("d2t", "t2d"):
+        if name in saved:
+            saved[name] = getattr(drafter, name).detach().clone()
+    return len(pairs)
 
 
 def trainable(drafter) -> list[torch.nn.Parameter]:
@@ -303,9 +334,8 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
         init_ids = None
         if state is not None and state["vocab_ids"] is not None:  # the vocabulary the run started with
             init_ids = np.asarray(state["vocab_ids"])
-        elif init is not None:  # the saved drafter's: target id = draft id + d2t[draft id]
-            d2t = init.d2t.cpu().numpy() if init.d2t is not None else np.zeros(init.cfg.draft_vocab_size, np.int64)
-            init_ids = np.arange(len(d2t)) + d2t
+        elif init is not None and not args.rebuild_draft_vocab:  # the saved drafter's: id = draft id + d2t[draft id]
+            init_ids = draft_vocab_ids(init)
         if init_ids is not None:
             ids = init_ids
             counts = np.bincount(answer.astype(np.int64), minlength=V)
@@ -318,9 +348,13 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
 
     if args.aux_layers is not None:
         target.check_aux_layers(args.aux_layers)
-    drafter = build_drafter(args.method, target, vocab, args.init_from_target, aux_layers=args.aux_layers)
+    drafter = build_drafter(args.method, target, vocab, args.init_from_target or args.rebuild_draft_vocab,
+                            aux_layers=args.aux_layers)
     if init is not None:
         saved = {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()}
+        if args.rebuild_draft_vocab:
+            kept = carry_over_vocab(saved, draft_vocab_ids(init), drafter)
+            print(f"draft vocabulary rebuilt: {kept} of {len(vocab.ids)} lm_head rows kept from {args.init_drafter}")
         drafter.load_state_dict(saved)  # strict: the same architecture, key for key
         print(f"initialised from {args.init_drafter}")
     params = trainable(drafter)

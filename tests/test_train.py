@@ -538,6 +538,32 @@ def test_init_drafter_starts_from_the_saved_weights_and_draft_vocabulary(tmp_pat
     assert load_drafter(tmp_path / "b", target).cfg.draft_vocab_size == (64 if method == "eagle3" else VOCAB)
 
 
+def test_rebuilt_draft_vocabulary_keeps_the_trained_rows_and_starts_new_ones_from_the_target(tmp_path):
+    from safetensors.torch import load_file
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    f32 = ("--save-dtype", "float32")
+    _train(target_dir, data_dir, tmp_path / "a", "eagle3", "--max-steps", "2", "--draft-vocab", "32", *f32)
+    log = _train(target_dir, data_dir, tmp_path / "b", "eagle3", "--max-steps", "1", "--lr", "0", "--draft-vocab", "64",
+                 "--init-drafter", str(tmp_path / "a"), "--rebuild-draft-vocab", *f32)
+
+    def tensors(d):
+        return {k: v for f in sorted(d.glob("model*.safetensors")) for k, v in load_file(f).items()}
+
+    a, b = tensors(tmp_path / "a"), tensors(tmp_path / "b")
+    ids_a = (torch.arange(32) + a["d2t"]).tolist()
+    ids_b = (torch.arange(64) + b["d2t"]).tolist()
+    assert log["draft_vocab"]["size"] == 64 and set(ids_a) <= set(ids_b)  # the top 32 are within the top 64
+    assert int(b["t2d"].sum()) == 64 and b["t2d"][ids_b].all()
+    target_head = LlamaForCausalLM.from_pretrained(target_dir).lm_head.weight.detach()
+    for j, t in enumerate(ids_b):
+        want = a["lm_head.weight"][ids_a.index(t)] if t in ids_a else target_head[t]
+        assert torch.equal(b["lm_head.weight"][j], want), (j, t)
+    assert all(torch.equal(a[k], b[k]) for k in a if k not in ("lm_head.weight", "d2t", "t2d"))
+    with pytest.raises(SystemExit):
+        _train(target_dir, data_dir, tmp_path / "c", "eagle3", "--max-steps", "1", "--rebuild-draft-vocab")
+
+
 def test_time_budget_stops_training_cleanly(tmp_path):
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
     log = _train(target_dir, data_dir, tmp_path / "out", "eagle3", "--time-budget-min", "0.0001")
