@@ -22,6 +22,7 @@ REGEN_TEMPERATURE=${REGEN_TEMPERATURE:-0}  # 0: greedy answers; e.g. 0.8 for a s
 TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
 TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
+TRAIN3_ARGS=${TRAIN3_ARGS:-}         # more demo.train flags for EAGLE-3, e.g. --rebuild-draft-vocab
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
@@ -74,7 +75,9 @@ train() {  # train GPU|all METHOD MINUTES INIT
     log "train eagle skipped (TRAIN1_MIN=0): $4"
     return
   fi
-  local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$2" --time-budget-min "$3" $init --no-progress)
+  local extra=""; [ "$2" = eagle3 ] && extra=$TRAIN3_ARGS
+  local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$2" --time-budget-min "$3" $init $extra
+              --no-progress)
   if [ "$1" = all ]; then
     python3 -m torch.distributed.run --nproc-per-node "$NGPU" "${args[@]}" > "$W/logs/train-$2.log" 2>&1
   else
