@@ -480,8 +480,13 @@ def test_two_rank_data_parallel_run_stays_in_lockstep_and_saves_one_drafter(tmp_
 
     from demo.checkpoints import load_drafter
 
+    import socket
+
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
            "-m", "demo.train", "--method", "eagle3", "--target", str(target_dir), "--data", f"regen:{data_dir}",
            "--out", str(tmp_path / "ddp"), "--device", "cpu", "--batch-tokens", "512", "--max-len", "128",
            "--draft-vocab", "64", "--ttt-steps", "3", "--log-every", "1", "--no-progress", "--epochs", "1"]
