@@ -130,9 +130,10 @@ class Split:
         return [p for p in (r.first_user_turn() for r in self.holdout) if p]
 
 
-def split_holdout(records: list[Record], n: int = HOLDOUT) -> Split:
-    """The last n records are held out; training drops records that share a conversation id or a
-    first user turn with them, so no held-out text is ever trained on."""
+def split_holdout(records: list[Record], n: int | None = None) -> Split:
+    """The last n records (default HOLDOUT) are held out; training drops records that share a
+    conversation id or a first user turn with them, so no held-out text is ever trained on."""
+    n = HOLDOUT if n is None else n
     holdout = records[-n:] if n else []
     head = records[: len(records) - len(holdout)]
     ids = {r.conversation_id for r in holdout}

@@ -128,7 +128,7 @@ def merge_reports(reports: list[dict]) -> dict:
     first = reports[0]
     for r in reports[1:]:
         for key in SAME_IN_MERGED:
-            if key in ("mode", "dtype"):
+            if key == "mode":  # graph and eager runs of one table may be joined; other settings must agree
                 continue
             if r.get(key) != first.get(key):
                 raise SystemExit(f"--merge: the reports differ in {key} ({first.get(key)!r} vs {r.get(key)!r})")

@@ -82,8 +82,8 @@ def test_compiling_only_the_drafter_keeps_graph_modes_tokens_in_bf16(method):
 def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q, eager_first):
     # SmolLM2-135M's shapes (random weights), bf16: the H200 runs of 2026-11-30 saw target-only
     # decoding (q = 1) leave eager's tokens on 2 of 8 and 7 of 16 prompts while q = 8 matched bit
-    # for bit. The engine captures before any eager call of a shape (eager_first=False); an eager
-    # run made first in the same process may fix choices the capture then reuses.
+    # for bit. Both orders: an eager run made first may fix per-shape library choices that the
+    # capture then reuses; CapturedStep now makes such a call itself before capturing.
     from demo.engine import CapturedStep
 
     hf = tiny_hf("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

@@ -376,7 +376,6 @@ def test_all_turns_prompt_export_keeps_distinct_training_turns_and_no_holdout_te
     (tmp_path / "sg.json").write_text(json.dumps(rows))
     monkeypatch.setenv("SPECLENS_SHAREGPT", str(tmp_path / "sg.json"))
     monkeypatch.setattr("demo.train_data.HOLDOUT", 1)
-    monkeypatch.setattr("demo.train_data.split_holdout.__defaults__", (1,))
     tok = byte_tokenizer()
 
     def texts(d):
@@ -617,6 +616,8 @@ def test_split_validation_runs_merge_into_the_single_runs_table():
     assert "| e3, compiled | 0 | 1 |" in both["table"]
     with pytest.raises(SystemExit, match="max_new_tokens"):
         merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 2, 2)], max_new_tokens=9)])
+    with pytest.raises(SystemExit, match="dtype"):
+        merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 2, 2)], dtype="bfloat16")])
 
 
 # ------------------------------------------------------------------------------------ on a GPU (skipped on CPU)
