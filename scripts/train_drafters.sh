@@ -18,7 +18,8 @@ HOLDOUT_PROMPTS=${HOLDOUT_PROMPTS:-artifacts/prompts/holdout}
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 REGEN_MIN=${REGEN_MIN:-4}            # regeneration budget per GPU (resumable: rerun to finish)
 REGEN_NEW_TOKENS=${REGEN_NEW_TOKENS:-256}
-REGEN_TEMPERATURE=${REGEN_TEMPERATURE:-0}  # 0: greedy answers; e.g. 0.8 for a sampled pass
+REGEN_TEMPERATURE=${REGEN_TEMPERATURE:-0}  # 0: greedy answers; e.g. 0.8 for sampled passes
+REGEN_PASSES=${REGEN_PASSES:-1}      # answers per prompt (sampled passes differ by seed): regen<g>, regen<g>-p1, ...
 TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
 TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
@@ -46,7 +47,7 @@ has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 regen_dirs() {
   local d="$DATA"
   if [ -z "$d" ]; then  # this run's shards, where regeneration wrote any
-    for ((g = 0; g < NGPU; g++)); do ls "$W/regen$g"/part-*.npz >/dev/null 2>&1 && d+="${d:+,}regen:$W/regen$g"; done
+    for r in "$W"/regen*/; do ls "$r"part-*.npz >/dev/null 2>&1 && d+="${d:+,}regen:${r%/}"; done
   fi
   [ -z "$d" ] && { echo "${EXTRA_DATA:?no training data: this run regenerated none and EXTRA_DATA is empty}"; return; }
   echo "$d${EXTRA_DATA:+,$EXTRA_DATA}"
@@ -87,12 +88,15 @@ train() {  # train GPU|all METHOD MINUTES INIT
 }
 
 if has_stage regen; then
-  log "regen on $NGPU GPU(s)"
+  log "regen on $NGPU GPU(s), $REGEN_PASSES pass(es)"
   for ((g = 0; g < NGPU; g++)); do
-    on_gpu "$g" python3 -m demo.train_data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$g" --shard "$g/$NGPU" \
-      --max-new-tokens "$REGEN_NEW_TOKENS" --max-prompt-tokens 512 --batch-size 512 --cuda-graph \
-      --temperature "$REGEN_TEMPERATURE" --seed "$g" \
-      --time-budget-min "$REGEN_MIN" > "$W/logs/regen$g.log" 2>&1 &
+    for ((p = 0; p < REGEN_PASSES; p++)); do  # one GPU's passes in turn
+      s=$g; [ "$p" -gt 0 ] && s="$g-p$p"
+      on_gpu "$g" python3 -m demo.train_data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$s" --shard "$g/$NGPU" \
+        --max-new-tokens "$REGEN_NEW_TOKENS" --max-prompt-tokens 512 --batch-size 512 --cuda-graph \
+        --temperature "$REGEN_TEMPERATURE" --seed "$((g + p * NGPU))" \
+        --time-budget-min "$REGEN_MIN" > "$W/logs/regen$s.log" 2>&1
+    done &
   done
   wait
   log "regen done"
