@@ -39,9 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="draft tokens per step (k)")
     e = p.add_argument_group("engine")
     e.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
-    e.add_argument("--compile", nargs="?", const="all", default=None, choices=("all", "drafter"),
-                   help="torch.compile the captured steps (cudagraph mode): all of them (default), or the "
-                        "drafter's only, which keeps eager's output token for token")
+    e.add_argument("--compile", nargs="?", const="drafter", default=None, choices=("drafter", "all"),
+                   help="torch.compile captured steps (cudagraph mode): the drafter's (default; the output "
+                        "stays eager's token for token), or all of them, verification too (fastest; the "
+                        "target's numerics change, so the text may move at near-ties)")
     e.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     e.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
@@ -74,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--drafter is required for target {args.target!r}: the bundled drafters fit the default target only")
     if args.compile and args.mode != "cudagraph":
         p.error("--compile compiles the captured step functions: use it with --mode cudagraph")
+    if args.compile == "drafter" and args.method == "none":
+        p.error("--compile compiles the drafter's steps, and --method none has none: use --compile all")
     if args.temperature < 0:
         p.error(f"--temperature must be >= 0, not {args.temperature}")
     if not 0 < args.top_p <= 1:
@@ -274,7 +277,7 @@ def format_report(report: dict) -> str:
     t, c = report["totals"], report["totals"]["config"]
     stats = AcceptanceStats(**t["counts"])
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
-    mode = c["mode"] + {"all": "+compile", "drafter": "+compile(drafter)"}.get(c["compile"] or "", "")
+    mode = c["mode"] + {"all": "+compile(all)", "drafter": "+compile(drafter)"}.get(c["compile"] or "", "")
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
              f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",

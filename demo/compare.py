@@ -38,7 +38,7 @@ def compare(reference: dict, other: dict) -> dict:
 def label(report: dict, path: str) -> str:
     c = report["totals"]["config"]
     compiled = c.get("compile")
-    mode = c.get("mode", "?") + (("+compile(drafter)" if compiled == "drafter" else "+compile") if compiled else "")
+    mode = c.get("mode", "?") + (("+compile(drafter)" if compiled == "drafter" else "+compile(all)") if compiled else "")
     return f"{c.get('method', '?')} {mode} ({Path(path).name})"
 
 

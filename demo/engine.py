@@ -27,7 +27,7 @@ from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 
-COMPILE_SCOPES = ("all", "drafter")  # what --compile compiles: every step, or the drafter's steps only
+COMPILE_SCOPES = ("drafter", "all")  # what --compile compiles: the drafter's steps (default), or every step
 MODES = ("eager", "cudagraph")
 METHODS = ("none", "eagle", "eagle3")
 
@@ -125,12 +125,14 @@ class Engine:
 
     def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool | str = False,
                  max_context: int = 2048):
-        """compile: False, True or "all" (every captured step), or "drafter" (the drafter's steps
-        only: verification keeps eager's numerics, so the output stays eager's token for token and
-        only drafting time and acceptance can move, as in the vLLM change this project comes from)."""
+        """compile: False; "drafter" or True (the drafter's captured steps only, as in the vLLM change
+        this project comes from: verification keeps eager's numerics, so the output stays eager's
+        token for token and only drafting time can move); or "all" (every captured step,
+        verification too: fastest, but the target's rounding changes, so the text may move at
+        near-ties)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        compile = "all" if compile is True else compile
+        compile = "drafter" if compile is True else compile
         if compile and compile not in COMPILE_SCOPES:
             raise ValueError(f"compile must be False, True or one of {COMPILE_SCOPES}, not {compile!r}")
         if mode == "cudagraph" and target.device.type != "cuda":
@@ -179,7 +181,7 @@ class Engine:
         drafter.setup_cache(self.max_context)
 
     def describe(self) -> dict:
-        compiled = {"all": "+compile", "drafter": "+compile(drafter)"}.get(self.compile or "", "")
+        compiled = {"all": "+compile(all)", "drafter": "+compile(drafter)"}.get(self.compile or "", "")
         return {"method": self.method, "mode": self.mode + compiled,
                 "device": str(self.device), "dtype": str(self.target.dtype).replace("torch.", ""),
                 "max_context": self.max_context}

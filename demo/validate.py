@@ -38,9 +38,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
-    p.add_argument("--compile", nargs="?", const="all", default=None, choices=("all", "drafter"),
-                   help="torch.compile the captured steps (cudagraph mode), all or the drafter's only: "
-                        "acceptance next to eager's")
+    p.add_argument("--compile", nargs="?", const="drafter", default=None, choices=("drafter", "all"),
+                   help="torch.compile captured steps (cudagraph mode): the drafter's (default) or all, "
+                        "verification too; rows of their own, next to eager's acceptance")
     p.add_argument("--prompts", default=None, metavar="DIR",
                    help="exported hold-out prompts (OUT/holdout of `python -m demo.train_data prompts`); "
                         "default: read the installed ShareGPT")
@@ -105,14 +105,15 @@ def markdown_table(rows: list[dict], max_k: int) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         acc = [f"{a:.3f}" for a in r["acceptance_per_position"]] + [""] * (max_k - r["k"])
-        name = r["drafter"] + {"": "", "all": ", compiled", "drafter": ", drafter compiled"}[_compiled(r)]
+        name = r["drafter"] + {"": "", "all": ", all compiled", "drafter": ", drafter compiled"}[_compiled(r)]
         lines.append("| " + " | ".join([name, f"{r['temperature']:g}", str(r["k"]),
                                          f"{r['mean_acceptance_length']:.3f}"] + acc) + " |")
     return "\n".join(lines)
 
 
 def _compiled(row: dict) -> str:
-    """A row's compile scope: "" (not compiled), "all" or "drafter"."""
+    """A row's compile scope: "" (not compiled), "all" or "drafter" (reports before the scopes
+    say True for all)."""
     scope = row.get("compile") or ""
     return "all" if scope is True else scope
 

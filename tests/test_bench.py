@@ -297,6 +297,16 @@ def test_bad_arguments_exit_nonzero(argv, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_compile_defaults_to_the_drafter_scope_and_target_only_needs_all(capsys):
+    args = bench.parse_args(["--mode", "cudagraph", "--compile"])
+    assert args.compile == "drafter"  # as in the vLLM change: verification keeps eager's numerics
+    assert bench.parse_args(["--mode", "cudagraph", "--compile", "all"]).compile == "all"
+    assert bench.parse_args(["--method", "none", "--mode", "cudagraph", "--compile", "all"]).compile == "all"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--method", "none", "--mode", "cudagraph", "--compile"])
+    assert "--compile all" in capsys.readouterr().err
+
+
 def test_lossless_check_at_temperature_refused_with_a_reason(capsys):
     assert bench.main(["--temperature", "0.8", "--check-lossless"]) != 0
     assert "--check-lossless" in capsys.readouterr().err

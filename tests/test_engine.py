@@ -124,7 +124,7 @@ def test_cudagraph_mode_is_refused_without_cuda():
 def test_an_unknown_compile_scope_is_refused():
     with pytest.raises(ValueError, match="compile must be"):
         Engine(Target(tiny_hf("llama")), None, compile="sideways")
-    for scope, label in ((True, "eager+compile"), ("drafter", "eager+compile(drafter)"), (False, "eager")):
+    for scope, label in ((True, "eager+compile(drafter)"), ("all", "eager+compile(all)"), (False, "eager")):
         assert Engine(Target(tiny_hf("llama")), None, compile=scope).describe()["mode"] == label
 
 

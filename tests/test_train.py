@@ -613,7 +613,7 @@ def test_split_validation_runs_merge_into_the_single_runs_table():
     compiled["runs"][0]["compile"] = True  # compilation may change the numerics: a row of its own
     both = merge_reports([report([("e3", 0.0, 1, 2)]), compiled])
     assert [(r["num_accepted_tokens"], r.get("compile", False)) for r in both["runs"]] == [(2, False), (1, True)]
-    assert "| e3, compiled | 0 | 1 |" in both["table"]
+    assert "| e3, all compiled | 0 | 1 |" in both["table"]
     with pytest.raises(SystemExit, match="max_new_tokens"):
         merge_reports([report([("e3", 0.0, 1, 2)]), report([("e3", 0.0, 2, 2)], max_new_tokens=9)])
     with pytest.raises(SystemExit, match="dtype"):
