@@ -54,11 +54,16 @@ def main() -> None:
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
     prompts, _ = holdout_prompt_ids(None, 50, 1024, 0, args.holdout)  # the validation subsample's first ones
     engine = Engine(target, drafter, max_context=2048)
-    stats, generated = AcceptanceStats(num_spec_tokens=args.k), []
+    in_vocab = drafter.t2d.cpu() if drafter.d2t is not None else torch.ones(target.config.vocab_size, dtype=torch.bool)
+    stats, generated, first_rejected, first_oov = AcceptanceStats(num_spec_tokens=args.k), [], 0, 0
     for ids in prompts[: args.num]:
         events = list(engine.generate(ids, GenerationConfig(max_new_tokens=args.max_new_tokens, num_spec_tokens=args.k)))
         stats.merge(events[-1].stats)
         generated.append((ids, [t for e in events for t in e.token_ids]))
+        for e in events:  # a chain whose first draft failed: could the draft vocabulary hold the target's token?
+            if e.draft_ids and e.num_accepted == 0 and e.token_ids:
+                first_rejected += 1
+                first_oov += not bool(in_vocab[e.token_ids[0]])
     # teacher forcing resizes the target's cache: after the engine is done with it
     held = [teacher_forced(target, drafter, aux, ids + ans, [0] * len(ids) + [1] * len(ans), args.k)
             for ids, ans in generated]
@@ -68,7 +73,10 @@ def main() -> None:
              for i in rows]
     print(f"hold-out, engine (k={args.k}): mean acceptance length {stats.mean_acceptance_length:.3f}, acceptance "
           f"per position {[round(a, 3) for a in stats.acceptance_per_position]}")
-    print(f"hold-out, teacher-forced accuracy per draft step: {weighted(held)}")
+    print(f"hold-out, engine: {first_oov} of {first_rejected} rejected first drafts "
+          f"({100 * first_oov / max(first_rejected, 1):.1f}%) lost to a target token outside the draft vocabulary")
+    print(f"hold-out, teacher-forced accuracy per draft step (slots whose target token is in the draft "
+          f"vocabulary): {weighted(held)}")
     print(f"training, teacher-forced accuracy per draft step: {weighted(train)}")
 
 
