@@ -136,6 +136,76 @@ def test_eagle3_ttt_steps_equal_the_inference_chain(norm_before_residual):
                                            atol=1e-5, rtol=1e-5)
 
 
+def _engine_drafts_match_training(engine, drafter, target, prompts, k: int) -> tuple[int, int]:
+    """Every draft the engine proposed equals the training forward's draft for its chain: the
+    chain rooted at the slot before the step's first drafted position, fed the text up to there
+    and then the chain's own drafts (EAGLE-3: all k TTT steps; EAGLE-1, whose training does not
+    unroll: the first draft). Returns how many drafts were compared and how many were accepted."""
+    eagle3 = isinstance(drafter, Eagle3Drafter)
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers()) if eagle3 else ()
+    steps = k if eagle3 else 1
+    runs = [list(engine.generate(p, GenerationConfig(max_new_tokens=60, num_spec_tokens=k, stop_token_ids=())))
+            for p in prompts]  # first: the training forward resizes the target's cache
+    compared = accepted = 0
+    for prompt, events in zip(prompts, runs):
+        seq = torch.tensor([prompt + [t for e in events for t in e.token_ids]], device=target.device)
+        tb = run_target(target, seq, torch.ones_like(seq, dtype=torch.bool), aux)  # causal: prefixes agree
+        done = len(prompt)
+        for e in events:
+            if e.draft_ids:  # the step drafted text position `done`; its chain is rooted at slot done - 2
+                root = done - 2
+                with torch.no_grad():
+                    if eagle3:  # slot `root` of step j reads token j of: the text's x[done - 1], then the drafts
+                        tokens = torch.cat((seq[:, : done], seq.new_tensor([e.draft_ids + [0]])), 1)
+                        cos, sin = rope_for(drafter, root + 1 + steps, seq.device)
+                        outs = eagle3_ttt_forward(drafter, tokens, tb.features[:, : root + 1], steps, cos, sin)
+                        picks = [int(drafter.lm_head(drafter.norm(h[0, root])).argmax()) for h in outs]
+                        picks = [p + int(drafter.d2t[p]) for p in picks]
+                    else:
+                        cos, sin = rope_for(drafter, root + 1, seq.device)
+                        out = eagle_forward(drafter, seq[:, 1: root + 2], tb.features[:, : root + 1], cos, sin)
+                        picks = [int(target.lm_head(out[0, root]).argmax())]
+                assert e.draft_ids[:steps] == picks, (prompt, done)
+                compared += steps
+                accepted += e.num_accepted
+            done += len(e.token_ids)
+    return compared, accepted
+
+
+@pytest.mark.parametrize("vocab", [8, VOCAB])  # 8: random drafts are often accepted, chains start past row 0
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_engine_drafts_exactly_what_the_training_forward_predicts(method, vocab):
+    """The engine's drafter state (the catch-up over the emitted tokens, the chain's positions and
+    feedback) is the state training assumes, at every draft of every step: a capture or bookkeeping
+    bug that silently lowers acceptance (as the one vLLM's EAGLE-3 graph change caught) while the
+    output stays lossless makes some draft differ here."""
+    target, drafter, prompts = _tiny_pair(method, vocab)
+    compared, accepted = _engine_drafts_match_training(Engine(target, drafter, max_context=128), drafter, target,
+                                                       prompts, 4)
+    assert compared > 100 and (vocab > 8 or accepted > 20)
+
+
+def _tiny_pair(method: str, vocab: int, device: str = "cpu"):
+    """A tiny random target of `vocab` tokens, a random drafter for it (EAGLE-3: a quarter of the
+    tokens outside its draft vocabulary) and three prompts."""
+    target = Target(tiny_hf(seed=5, vocab_size=vocab, eos_token_id=None).to(device))
+    aux = target.config.default_aux_layers()
+    torch.manual_seed(6)
+    if method == "eagle3":
+        nd = vocab // 4 * 3  # a quarter of the target's tokens are outside the draft vocabulary
+        drafter = Eagle3Drafter(DrafterConfig.for_target("eagle3", target.config, draft_vocab_size=nd,
+                                                         aux_layer_ids=aux))
+        ids = torch.randperm(vocab)[:nd].sort().values
+        drafter.d2t.copy_(ids - torch.arange(nd))
+        drafter.t2d[ids] = True
+    else:
+        drafter = EagleDrafter(DrafterConfig.for_target("eagle", target.config))
+    random_norms(drafter)
+    drafter.to(device).share_target(target)
+    g = torch.Generator().manual_seed(7)
+    return target, drafter, [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in (5, 11, 17)]
+
+
 def test_losses_are_finite_and_differentiable():
     target = Target(tiny_hf())
     tokens = torch.randint(0, VOCAB, (2, 16))
@@ -622,6 +692,19 @@ def test_split_validation_runs_merge_into_the_single_runs_table():
 
 # ------------------------------------------------------------------------------------ on a GPU (skipped on CPU)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("compile_", [False, "drafter"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_cuda_graph_drafts_exactly_what_the_training_forward_predicts(method, compile_):
+    # the vLLM change's failure mode: captured (and compiled) drafting that proposes other drafts
+    # than the model would, lowering acceptance while the output stays lossless. fp32: no near-ties
+    for vocab in (8, VOCAB):
+        target, drafter, prompts = _tiny_pair(method, vocab, "cuda")
+        engine = Engine(target, drafter, mode="cudagraph", compile=compile_, max_context=128)
+        compared, accepted = _engine_drafts_match_training(engine, drafter, target, prompts, 4)
+        assert compared > 100 and (vocab > 8 or accepted > 20)
 
 
 @cuda
