@@ -1,6 +1,9 @@
 """Where an EAGLE-3 drafter loses acceptance: teacher-forced accuracy per draft step on held-out
 generations and on training sequences (the generalisation gap), next to the engine's acceptance on
 the same held-out prompts (the gap between every position and the positions where chains start).
+It also checks that the engine's first drafts are the training forward's at every chain start (an
+engine that lost acceptance to its own bookkeeping would differ) and counts the first drafts lost
+to target tokens outside the draft vocabulary.
 
     python scripts/drafter_gap.py --drafter assets/drafters/smollm2-135m-eagle3 \
         --holdout artifacts/prompts/holdout --train artifacts/regen-c/regen0 --num 8 --device cpu
@@ -19,7 +22,7 @@ from demo.loading import load_target
 from demo.metrics import AcceptanceStats
 from demo.target import Target
 from demo.train_data import load_shards
-from demo.train_losses import eagle3_loss, run_target
+from demo.train_losses import eagle3_loss, eagle3_ttt_forward, rope_for, run_target
 from demo.validate import holdout_prompt_ids
 
 
@@ -30,6 +33,26 @@ def teacher_forced(target, drafter, aux, ids: list[int], mask: list[int], steps:
     with torch.no_grad():
         _, metrics = eagle3_loss(drafter, tb, steps)
     return np.array([float(a) for a in metrics["acc"]]), int(metrics["positions"])
+
+
+def first_drafts(target, drafter, aux, ids: list[int], answer: list[int], events) -> tuple[int, int]:
+    """How many of the engine's first drafts equal the training forward's step-0 draft at the same
+    chain start (slot before the drafted position), of how many steps drafted."""
+    seq = torch.tensor([ids + answer], device=target.device)
+    tb = run_target(target, seq, torch.ones_like(seq, dtype=torch.bool), aux)
+    with torch.no_grad():
+        cos, sin = rope_for(drafter, seq.shape[1] + 1, seq.device)
+        h = eagle3_ttt_forward(drafter, torch.nn.functional.pad(seq, (0, 2)), tb.features, 1, cos, sin)[0]
+        picks = drafter.lm_head(drafter.norm(h[0])).argmax(-1)  # [S]
+        picks = (picks + drafter.d2t[picks]) if drafter.d2t is not None else picks
+    same = steps = 0
+    done = len(ids)
+    for e in events:
+        if e.draft_ids:
+            steps += 1
+            same += e.draft_ids[0] == int(picks[done - 2])
+        done += len(e.token_ids)
+    return same, steps
 
 
 def weighted(rows: list[tuple[np.ndarray, int]]) -> list[float]:
@@ -59,20 +82,22 @@ def main() -> None:
     for ids in prompts[: args.num]:
         events = list(engine.generate(ids, GenerationConfig(max_new_tokens=args.max_new_tokens, num_spec_tokens=args.k)))
         stats.merge(events[-1].stats)
-        generated.append((ids, [t for e in events for t in e.token_ids]))
+        generated.append((ids, [t for e in events for t in e.token_ids], events))
         for e in events:  # a chain whose first draft failed: could the draft vocabulary hold the target's token?
             if e.draft_ids and e.num_accepted == 0 and e.token_ids:
                 first_rejected += 1
                 first_oov += not bool(in_vocab[e.token_ids[0]])
     # teacher forcing resizes the target's cache: after the engine is done with it
     held = [teacher_forced(target, drafter, aux, ids + ans, [0] * len(ids) + [1] * len(ans), args.k)
-            for ids, ans in generated]
+            for ids, ans, _ in generated]
+    agree = np.array([first_drafts(target, drafter, aux, ids, ans, events) for ids, ans, events in generated]).sum(0)
     data = load_shards(args.train)
     rows = np.random.default_rng(1).choice(len(data), args.num, replace=False)
     train = [teacher_forced(target, drafter, aux, *(x.astype(np.int64).tolist() for x in data.get(int(i))), args.k)
              for i in rows]
     print(f"hold-out, engine (k={args.k}): mean acceptance length {stats.mean_acceptance_length:.3f}, acceptance "
           f"per position {[round(a, 3) for a in stats.acceptance_per_position]}")
+    print(f"hold-out, engine: its first draft equals the training forward's at {agree[0]} of {agree[1]} chain starts")
     print(f"hold-out, engine: {first_oov} of {first_rejected} rejected first drafts "
           f"({100 * first_oov / max(first_rejected, 1):.1f}%) lost to a target token outside the draft vocabulary")
     print(f"hold-out, teacher-forced accuracy per draft step (slots whose target token is in the draft "
