@@ -20,6 +20,7 @@ REGEN_MIN=${REGEN_MIN:-4}            # regeneration budget per GPU (resumable: r
 REGEN_NEW_TOKENS=${REGEN_NEW_TOKENS:-256}
 REGEN_TEMPERATURE=${REGEN_TEMPERATURE:-0}  # 0: greedy answers; e.g. 0.8 for sampled passes
 REGEN_PASSES=${REGEN_PASSES:-1}      # answers per prompt (sampled passes differ by seed): regen<g>, regen<g>-p1, ...
+REGEN_SEED=${REGEN_SEED:-0}          # seed of GPU g's pass p: REGEN_SEED + g + p * NGPU (new samples: a new base)
 TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
 TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
@@ -31,6 +32,7 @@ INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
 VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
 VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
+VAL_HEADLINE_MODES=${VAL_HEADLINE_MODES:-"cudagraph eager compile-all compile-drafter"}  # the headline's modes
 BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
 STAGES=${STAGES:-"regen train validate modes"}
 MODES_METHODS=${MODES_METHODS:-"eagle3 eagle none"}  # the mode comparison's methods
@@ -94,7 +96,7 @@ if has_stage regen; then
       s=$g; [ "$p" -gt 0 ] && s="$g-p$p"
       on_gpu "$g" python3 -m demo.train_data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$s" --shard "$g/$NGPU" \
         --max-new-tokens "$REGEN_NEW_TOKENS" --max-prompt-tokens 512 --batch-size 512 --cuda-graph \
-        --temperature "$REGEN_TEMPERATURE" --seed "$((g + p * NGPU))" \
+        --temperature "$REGEN_TEMPERATURE" --seed "$((REGEN_SEED + g + p * NGPU))" \
         --time-budget-min "$REGEN_MIN" > "$W/logs/regen$s.log" 2>&1
     done &
   done
@@ -130,8 +132,9 @@ if has_stage validate; then
       on_gpu $i $v --num-prompts "$VAL_TABLE_PROMPTS" --drafter "$W/$m" --mode cudagraph --temperatures $t \
         --json "$W/validate/table-$m-T$t.json" > "$W/logs/validate-table-$m-T$t.log" 2>&1 &
     done
-    for mode in cudagraph eager "cudagraph --compile all" "cudagraph --compile drafter"; do
-      tag=${mode// --compile /-compile-}
+    for tag in $VAL_HEADLINE_MODES; do
+      mode=$tag; [[ $tag == compile-* ]] && mode="cudagraph --compile ${tag#compile-}"
+      tag=${tag/#compile-/cudagraph-compile-}
       on_gpu $i $v --num-prompts "$VAL_PROMPTS" --drafter "$W/$m" --mode $mode --temperatures 0 --ks 7 \
         --json "$W/validate/headline-$m-$tag.json" > "$W/logs/validate-headline-$m-$tag.log" 2>&1 &
     done
