@@ -78,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time-test depth")
+    p.add_argument("--top1-weight", type=float, default=0.0,
+                   help="EAGLE-3: add this times cross-entropy against the target's argmax to the soft loss "
+                        "(greedy drafts are accepted on the argmax)")
     p.add_argument("--aux-layers", default=None,
                    help="EAGLE-3 feature layers, e.g. 2,15,29 (default: the target's (2, L//2, L-3), saved as 'the "
                         "default', which vLLM and SGLang agree on; id i is the residual stream entering layer i)")
@@ -401,7 +404,7 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
         if args.method == "eagle":
             loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, args.feature_noise)
         else:
-            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps)
+            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight)
     run.opt.zero_grad(set_to_none=True)
     has_loss = loss.requires_grad  # False: no trainable slot (e.g. every target argmax outside the draft vocabulary)
     if has_loss:

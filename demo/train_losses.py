@@ -14,7 +14,10 @@ trained when x[i+2] is an assistant token (``mask[i+2]``).
   i+j. A query of step j attends to the step-0 keys causally plus the same-slot keys of steps
   1..j: exactly the cache contents an inference chain started at slot i sees at its j-th step.
   Loss: sum_j 0.8^j x soft cross-entropy against the target's softmax restricted (and
-  renormalised) to the draft vocabulary, over slots whose target argmax is in the draft vocabulary.
+  renormalised) to the draft vocabulary, over slots whose target argmax is in the draft vocabulary;
+  optionally plus top1_weight x cross-entropy against the target's argmax (what a greedy draft at
+  T = 0 is accepted on: where the target's distribution is flat, the soft target alone lets the
+  draft's argmax land on a close second).
 """
 
 from __future__ import annotations
@@ -167,9 +170,10 @@ def eagle3_ttt_forward(drafter, tokens: torch.Tensor, features: torch.Tensor, st
     return outs
 
 
-def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7) -> tuple[torch.Tensor, dict]:
-    """EAGLE-3 TTT loss on one batch: sum_j 0.8^j x soft CE over the draft vocabulary, each step
-    averaged over its valid slots. Returns (loss, metrics with per-step accuracy acc[j])."""
+def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """EAGLE-3 TTT loss on one batch: sum_j 0.8^j x (soft CE over the draft vocabulary + top1_weight
+    x CE against the target's argmax), each step averaged over its valid slots. Returns (loss,
+    metrics with per-step accuracy acc[j])."""
     B, S = tb.tokens.shape
     dev = tb.tokens.device
     draft_ids = torch.arange(drafter.cfg.draft_vocab_size, device=dev)  # [Vd] target ids of the draft vocabulary
@@ -183,6 +187,8 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7) -> tuple[torch.Tensor,
     shifted_mask = F.pad(tb.mask, (0, steps + 2))
     target_top = F.pad(target_top, (0, steps + 1))
     restricted = tb.logits.index_select(-1, draft_ids)  # [B, S, Vd] the target's logits over the draft vocabulary
+    to_draft = torch.full((drafter.cfg.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] target id -> draft id
+    to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)
     total = tb.features.new_zeros((), dtype=torch.float32)
     accs, counts = [], []
     for j, h in enumerate(outs):
@@ -197,7 +203,11 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7) -> tuple[torch.Tensor,
         rows = valid.nonzero(as_tuple=True)
         pred = drafter.lm_head(drafter.norm(h[rows])).float()  # [N, Vd]
         target_p = torch.softmax(restricted[rows[0], rows[1] + 1 + j].float(), -1)  # [N, Vd] renormalised
-        step_loss = -(target_p * torch.log_softmax(pred, -1)).sum(-1).mean()
+        log_q = torch.log_softmax(pred, -1)
+        step_loss = -(target_p * log_q).sum(-1).mean()
+        if top1_weight:  # valid slots' target argmax is in the draft vocabulary
+            top = to_draft[target_top[rows[0], rows[1] + 1 + j]]  # [N]
+            step_loss = step_loss + top1_weight * F.nll_loss(log_q, top)
         total = total + TTT_DECAY ** j * step_loss
         with torch.no_grad():
             accs.append((draft_ids[pred.argmax(-1)] == target_top[rows[0], rows[1] + 1 + j]).float().mean())

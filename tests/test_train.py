@@ -4,6 +4,7 @@ and a tiny CPU run trains, saves, loads and resumes. Tiny random models only: no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -228,6 +229,29 @@ def test_losses_are_finite_and_differentiable():
     loss.backward()
     assert torch.isfinite(loss) and d1.fc.weight.grad.abs().sum() > 0
     assert target.embed.weight.grad is None  # the target stays frozen
+
+
+def test_top1_term_is_cross_entropy_against_the_targets_argmax():
+    # against a one-hot target (logits x 1000) the soft term is that same cross-entropy, so adding
+    # the top-1 term with weight 1 doubles the loss exactly; a wrong target -> draft id map would not
+    target = Target(tiny_hf())
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 4:] = True
+    aux = target.config.default_aux_layers()
+    vocab = build_draft_vocab(tokens[mask].numpy(), 40, VOCAB)
+    d3 = Eagle3Drafter(DrafterConfig.for_target("eagle3", target.config, draft_vocab_size=40, aux_layer_ids=aux))
+    d3.d2t.copy_(vocab.d2t)
+    d3.t2d.copy_(vocab.t2d)
+    d3.share_target(target)
+    tb = run_target(target, tokens, mask, aux)
+    sharp = dataclasses.replace(tb, logits=tb.logits * 1000)
+    with torch.no_grad():
+        soft, m = eagle3_loss(d3, sharp, steps=3)
+        both, _ = eagle3_loss(d3, sharp, steps=3, top1_weight=1.0)
+        assert m["positions"] > 0
+        torch.testing.assert_close(both, 2 * soft)
+        assert eagle3_loss(d3, tb, steps=3, top1_weight=0.5)[0] > eagle3_loss(d3, tb, steps=3)[0]
 
 
 def test_chain_acceptance_estimate():
