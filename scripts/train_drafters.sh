@@ -25,6 +25,8 @@ TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
 TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
 TRAIN3_ARGS=${TRAIN3_ARGS:-}         # more demo.train flags for EAGLE-3, e.g. --rebuild-draft-vocab
+TRAIN3B_ARGS=${TRAIN3B_ARGS:-}       # an A/B variant: a second EAGLE-3 ($W/eagle3b) with these flags added, on
+                                     # GPU 1 after EAGLE-1 (two GPUs, TRAIN3_ALL_GPUS=0), validated beside it
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
@@ -33,6 +35,7 @@ VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
 VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
 VAL_HEADLINE_MODES=${VAL_HEADLINE_MODES:-"cudagraph eager compile-all compile-drafter"}  # the headline's modes
+VAL_DRAFTERS=${VAL_DRAFTERS:-}       # which of $W's drafters to validate, one GPU each in turn (default: eagle3 eagle [eagle3b])
 BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
 STAGES=${STAGES:-"regen train validate modes"}
 MODES_METHODS=${MODES_METHODS:-"eagle3 eagle none"}  # the mode comparison's methods
@@ -71,22 +74,22 @@ modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on 
   log "modes $m done"
 }
 
-train() {  # train GPU|all METHOD MINUTES INIT
-  local init=${4:+--init-drafter $4}
+train() {  # train GPU|all METHOD MINUTES INIT [NAME EXTRA_FLAGS]: the drafter lands in $W/NAME (default METHOD)
+  local init=${4:+--init-drafter $4} name=${5:-$2}
   if [ "$2" = eagle ] && [ "$3" = 0 ]; then  # no training: the starting head is the result
     mkdir -p "$W/eagle" && cp "$4"/config.json "$4"/model*.safetensors* "$W/eagle/"
     log "train eagle skipped (TRAIN1_MIN=0): $4"
     return
   fi
-  local extra=""; [ "$2" = eagle3 ] && extra=$TRAIN3_ARGS
-  local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$2" --time-budget-min "$3" $init $extra
+  local extra=""; [ "$2" = eagle3 ] && extra="$TRAIN3_ARGS ${6:-}"
+  local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$name" --time-budget-min "$3" $init $extra
               --no-progress)
   if [ "$1" = all ]; then
-    python3 -m torch.distributed.run --nproc-per-node "$NGPU" "${args[@]}" > "$W/logs/train-$2.log" 2>&1
+    python3 -m torch.distributed.run --nproc-per-node "$NGPU" "${args[@]}" > "$W/logs/train-$name.log" 2>&1
   else
-    on_gpu "$1" python3 "${args[@]}" > "$W/logs/train-$2.log" 2>&1
+    on_gpu "$1" python3 "${args[@]}" > "$W/logs/train-$name.log" 2>&1
   fi
-  log "train $2 rc=$?"
+  log "train $name rc=$?"
 }
 
 if has_stage regen; then
@@ -110,7 +113,9 @@ if has_stage train; then
     train 0 eagle "$TRAIN1_MIN" "$INIT1"
   elif [ "$NGPU" -ge 2 ]; then
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3" &
-    { train 1 eagle "$TRAIN1_MIN" "$INIT1"; has_stage modes && [[ " $MODES_METHODS " == *" none "* ]] && modes 1 none; } &
+    { train 1 eagle "$TRAIN1_MIN" "$INIT1"
+      [ -n "$TRAIN3B_ARGS" ] && train 1 eagle3 "$TRAIN3_MIN" "$INIT3" eagle3b "$TRAIN3B_ARGS"
+      has_stage modes && [[ " $MODES_METHODS " == *" none "* ]] && modes 1 none; } &
     wait
   else
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3"
@@ -127,7 +132,8 @@ if has_stage validate; then
   log "validate"
   v="python3 -m demo.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
   i=0
-  for m in eagle3 eagle; do
+  drafters=${VAL_DRAFTERS:-"eagle3 eagle"}; [ -z "${VAL_DRAFTERS:-}" ] && [ -e "$W/eagle3b/config.json" ] && drafters+=" eagle3b"
+  for m in $drafters; do
     for t in 0 1; do
       on_gpu $i $v --num-prompts "$VAL_TABLE_PROMPTS" --drafter "$W/$m" --mode cudagraph --temperatures $t \
         --json "$W/validate/table-$m-T$t.json" > "$W/logs/validate-table-$m-T$t.log" 2>&1 &
@@ -141,9 +147,9 @@ if has_stage validate; then
     i=$((i + 1))
   done
   wait
-  python3 -m demo.validate --merge "$W"/validate/table-eagle3-*.json "$W"/validate/table-eagle-*.json \
+  python3 -m demo.validate --merge $(for m in $drafters; do echo "$W"/validate/table-$m-*.json; done) \
     --json "$W/validate.json" --markdown "$W/validate.md" > "$W/logs/validate-merge.log" 2>&1
-  python3 -m demo.validate --merge "$W"/validate/headline-eagle3-*.json "$W"/validate/headline-eagle-*.json \
+  python3 -m demo.validate --merge $(for m in $drafters; do echo "$W"/validate/headline-$m-*.json; done) \
     --json "$W/headline.json" --markdown "$W/headline.md" >> "$W/logs/validate-merge.log" 2>&1
   log "validate done rc=$?"
 fi
@@ -162,7 +168,7 @@ if has_stage modes; then
 fi
 
 log "summary"
-for m in eagle3 eagle; do grep -h "final window" "$W/logs/train-$m.log" 2>/dev/null | sed "s/^/$m: /"; done
+for m in eagle3 eagle3b eagle; do grep -h "final window" "$W/logs/train-$m.log" 2>/dev/null | sed "s/^/$m: /"; done
 grep -h "tokens_per_s\|\"answered\"" "$W"/logs/regen*.log 2>/dev/null
 cat "$W/headline.md" 2>/dev/null
 for m in none eagle3 eagle; do cat "$W/modes/$m.md" 2>/dev/null; done
