@@ -35,9 +35,10 @@ def teacher_forced(target, drafter, aux, ids: list[int], mask: list[int], steps:
     return np.array([float(a) for a in metrics["acc"]]), int(metrics["positions"])
 
 
-def first_drafts(target, drafter, aux, ids: list[int], answer: list[int], events) -> tuple[int, int]:
+def first_drafts(target, drafter, aux, ids: list[int], answer: list[int], events):
     """How many of the engine's first drafts equal the training forward's step-0 draft at the same
-    chain start (slot before the drafted position), of how many steps drafted."""
+    chain start (slot before the drafted position), of how many steps drafted; and, for each
+    rejected first draft, its rank in the target's distribution and the target's top probability."""
     seq = torch.tensor([ids + answer], device=target.device)
     tb = run_target(target, seq, torch.ones_like(seq, dtype=torch.bool), aux)
     with torch.no_grad():
@@ -45,14 +46,19 @@ def first_drafts(target, drafter, aux, ids: list[int], answer: list[int], events
         h = eagle3_ttt_forward(drafter, torch.nn.functional.pad(seq, (0, 2)), tb.features, 1, cos, sin)[0]
         picks = drafter.lm_head(drafter.norm(h[0])).argmax(-1)  # [S]
         picks = (picks + drafter.d2t[picks]) if drafter.d2t is not None else picks
+    probs = tb.logits[0].float().softmax(-1)  # [S, V]
     same = steps = 0
+    rejected = []
     done = len(ids)
     for e in events:
         if e.draft_ids:
             steps += 1
             same += e.draft_ids[0] == int(picks[done - 2])
+            if e.num_accepted == 0:
+                p = probs[done - 1]  # the target's distribution of the drafted position
+                rejected.append((int((p > p[e.draft_ids[0]]).sum()), float(p.max())))
         done += len(e.token_ids)
-    return same, steps
+    return same, steps, rejected
 
 
 def weighted(rows: list[tuple[np.ndarray, int]]) -> list[float]:
@@ -90,7 +96,9 @@ def main() -> None:
     # teacher forcing resizes the target's cache: after the engine is done with it
     held = [teacher_forced(target, drafter, aux, ids + ans, [0] * len(ids) + [1] * len(ans), args.k)
             for ids, ans, _ in generated]
-    agree = np.array([first_drafts(target, drafter, aux, ids, ans, events) for ids, ans, events in generated]).sum(0)
+    firsts = [first_drafts(target, drafter, aux, ids, ans, events) for ids, ans, events in generated]
+    agree = np.array([f[:2] for f in firsts]).sum(0)
+    rejected = np.array([r for f in firsts for r in f[2]]).reshape(-1, 2)  # (rank, target's top probability)
     data = load_shards(args.train)
     rows = np.random.default_rng(1).choice(len(data), args.num, replace=False)
     train = [teacher_forced(target, drafter, aux, *(x.astype(np.int64).tolist() for x in data.get(int(i))), args.k)
@@ -98,6 +106,10 @@ def main() -> None:
     print(f"hold-out, engine (k={args.k}): mean acceptance length {stats.mean_acceptance_length:.3f}, acceptance "
           f"per position {[round(a, 3) for a in stats.acceptance_per_position]}")
     print(f"hold-out, engine: its first draft equals the training forward's at {agree[0]} of {agree[1]} chain starts")
+    print(f"hold-out, engine: rejected first drafts were the target's second choice in "
+          f"{100 * np.mean(rejected[:, 0] == 1):.0f}%, third to fifth in {100 * np.mean((rejected[:, 0] > 1) & (rejected[:, 0] < 5)):.0f}%; "
+          f"the target's top probability there: median {np.median(rejected[:, 1]):.2f} "
+          f"(below 0.5 in {100 * np.mean(rejected[:, 1] < 0.5):.0f}%)")
     print(f"hold-out, engine: {first_oov} of {first_rejected} rejected first drafts "
           f"({100 * first_oov / max(first_rejected, 1):.1f}%) lost to a target token outside the draft vocabulary")
     print(f"hold-out, teacher-forced accuracy per draft step (slots whose target token is in the draft "
