@@ -35,7 +35,9 @@ VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
 VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
 VAL_HEADLINE_MODES=${VAL_HEADLINE_MODES:-"cudagraph eager compile-all compile-drafter"}  # the headline's modes
-VAL_DRAFTERS=${VAL_DRAFTERS:-}       # which of $W's drafters to validate, one GPU each in turn (default: eagle3 eagle [eagle3b])
+VAL_DRAFTERS=${VAL_DRAFTERS:-}       # which of $W's drafters get the headline, one GPU each in turn (default: eagle3 eagle [eagle3b])
+VAL_TABLE_DRAFTERS=${VAL_TABLE_DRAFTERS:-}  # which get the table (default: VAL_DRAFTERS; "best": the better EAGLE-3 and eagle)
+VAL_TABLE_MODE=${VAL_TABLE_MODE:-eager}    # the table's mode
 BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
 STAGES=${STAGES:-"regen train validate modes"}
 MODES_METHODS=${MODES_METHODS:-"eagle3 eagle none"}  # the mode comparison's methods
@@ -124,20 +126,17 @@ if has_stage train; then
 fi
 
 if has_stage validate; then
-  # the table: k = 1..8, T = 0 and 1, graph mode, VAL_TABLE_PROMPTS prompts; the headline (k = 7,
-  # T = 0) on VAL_PROMPTS prompts in graph and in eager mode (the merge refuses them if they
-  # disagree) and compiled, all steps or the drafter's only (rows of their own: acceptance next to
-  # eager's).
-  # Processes on one GPU share it in turns, so splitting further buys little.
+  # First the headline (k = 7, T = 0, VAL_PROMPTS prompts) in each of VAL_HEADLINE_MODES: graph and
+  # eager runs of one drafter merge into one row (the merge refuses them if they disagree); compiled
+  # runs, all steps or the drafter's only, are rows of their own (acceptance next to eager's). Then
+  # the table: k = 1..8, T = 0 and 1, VAL_TABLE_PROMPTS prompts, in VAL_TABLE_MODE (eager, as the
+  # issue asks), one process per (drafter, T, k): eager decoding is launch-bound, so processes
+  # side by side share a GPU well.
   log "validate"
   v="python3 -m demo.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
-  i=0
   drafters=${VAL_DRAFTERS:-"eagle3 eagle"}; [ -z "${VAL_DRAFTERS:-}" ] && [ -e "$W/eagle3b/config.json" ] && drafters+=" eagle3b"
+  i=0
   for m in $drafters; do
-    for t in 0 1; do
-      on_gpu $i $v --num-prompts "$VAL_TABLE_PROMPTS" --drafter "$W/$m" --mode cudagraph --temperatures $t \
-        --json "$W/validate/table-$m-T$t.json" > "$W/logs/validate-table-$m-T$t.log" 2>&1 &
-    done
     for tag in $VAL_HEADLINE_MODES; do
       mode=$tag; [[ $tag == compile-* ]] && mode="cudagraph --compile ${tag#compile-}"
       tag=${tag/#compile-/cudagraph-compile-}
@@ -147,11 +146,29 @@ if has_stage validate; then
     i=$((i + 1))
   done
   wait
-  python3 -m demo.validate --merge $(for m in $drafters; do echo "$W"/validate/table-$m-*.json; done) \
-    --json "$W/validate.json" --markdown "$W/validate.md" > "$W/logs/validate-merge.log" 2>&1
   python3 -m demo.validate --merge $(for m in $drafters; do echo "$W"/validate/headline-$m-*.json; done) \
-    --json "$W/headline.json" --markdown "$W/headline.md" >> "$W/logs/validate-merge.log" 2>&1
-  log "validate done rc=$?"
+    --json "$W/headline.json" --markdown "$W/headline.md" > "$W/logs/validate-merge.log" 2>&1
+  log "validate headline done rc=$?"
+  table=${VAL_TABLE_DRAFTERS:-$drafters}
+  if [ "$table" = best ]; then  # the EAGLE-3 variant with the best headline, and EAGLE-1
+    table="$(python3 -c 'import json, os, sys
+runs = [r for r in json.load(open(sys.argv[1]))["runs"] if r["method"] == "eagle3" and not r.get("compile")]
+print(os.path.basename(max(runs, key=lambda r: r["mean_acceptance_length"])["path"]))' "$W/headline.json") eagle"
+  fi
+  n=0
+  for m in $table; do
+    for t in 0 1; do
+      for k in 1 2 3 4 5 6 7 8; do
+        on_gpu $n $v --num-prompts "$VAL_TABLE_PROMPTS" --drafter "$W/$m" --mode "$VAL_TABLE_MODE" --temperatures $t \
+          --ks $k --json "$W/validate/table-$m-T$t-k$k.json" > "$W/logs/validate-table-$m-T$t-k$k.log" 2>&1 &
+        n=$((n + 1))
+      done
+    done
+  done
+  wait
+  python3 -m demo.validate --merge $(for m in $table; do echo "$W"/validate/table-$m-*.json; done) \
+    --json "$W/validate.json" --markdown "$W/validate.md" >> "$W/logs/validate-merge.log" 2>&1
+  log "validate table ($table, $VAL_TABLE_MODE) done rc=$?"
 fi
 
 if has_stage modes; then
