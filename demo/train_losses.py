@@ -187,8 +187,9 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
     shifted_mask = F.pad(tb.mask, (0, steps + 2))
     target_top = F.pad(target_top, (0, steps + 1))
     restricted = tb.logits.index_select(-1, draft_ids)  # [B, S, Vd] the target's logits over the draft vocabulary
-    to_draft = torch.full((drafter.cfg.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] target id -> draft id
-    to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)
+    if top1_weight:
+        to_draft = torch.full((drafter.cfg.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] target id -> draft id
+        to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)
     total = tb.features.new_zeros((), dtype=torch.float32)
     accs, counts = [], []
     for j, h in enumerate(outs):

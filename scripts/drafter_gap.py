@@ -22,25 +22,29 @@ from demo.loading import load_target
 from demo.metrics import AcceptanceStats
 from demo.target import Target
 from demo.train_data import load_shards
-from demo.train_losses import eagle3_loss, eagle3_ttt_forward, rope_for, run_target
+from demo.train_losses import TargetBatch, eagle3_loss, eagle3_ttt_forward, rope_for, run_target
 from demo.validate import holdout_prompt_ids
 
 
-def teacher_forced(target, drafter, aux, ids: list[int], mask: list[int], steps: int) -> tuple[np.ndarray, int]:
+def target_pass(target, aux, ids: list[int], mask: list[int]) -> TargetBatch:
+    """The target's features and logits over one full sequence, as training sees them."""
+    return run_target(target, torch.tensor([ids], device=target.device),
+                      torch.tensor([mask], dtype=torch.bool, device=target.device), aux)
+
+
+def teacher_forced(drafter, tb: TargetBatch, steps: int) -> tuple[np.ndarray, int]:
     """Per-step accuracy of the training-time-test forward over one sequence, and its slot count."""
-    tb = run_target(target, torch.tensor([ids], device=target.device),
-                    torch.tensor([mask], dtype=torch.bool, device=target.device), aux)
     with torch.no_grad():
         _, metrics = eagle3_loss(drafter, tb, steps)
     return np.array([float(a) for a in metrics["acc"]]), int(metrics["positions"])
 
 
-def first_drafts(target, drafter, aux, ids: list[int], answer: list[int], events):
+def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
     """How many of the engine's first drafts equal the training forward's step-0 draft at the same
     chain start (slot before the drafted position), of how many steps drafted; and, for each
-    rejected first draft, its rank in the target's distribution and the target's top probability."""
-    seq = torch.tensor([ids + answer], device=target.device)
-    tb = run_target(target, seq, torch.ones_like(seq, dtype=torch.bool), aux)
+    rejected first draft, its rank in the target's distribution and the target's top probability.
+    tb: the target pass over the prompt and the engine's output."""
+    seq = tb.tokens
     with torch.no_grad():
         cos, sin = rope_for(drafter, seq.shape[1] + 1, seq.device)
         h = eagle3_ttt_forward(drafter, torch.nn.functional.pad(seq, (0, 2)), tb.features, 1, cos, sin)[0]
@@ -49,7 +53,7 @@ def first_drafts(target, drafter, aux, ids: list[int], answer: list[int], events
     probs = tb.logits[0].float().softmax(-1)  # [S, V]
     same = steps = 0
     rejected = []
-    done = len(ids)
+    done = prompt_len
     for e in events:
         if e.draft_ids:
             steps += 1
@@ -94,15 +98,15 @@ def main() -> None:
                 first_rejected += 1
                 first_oov += not bool(in_vocab[e.token_ids[0]])
     # teacher forcing resizes the target's cache: after the engine is done with it
-    held = [teacher_forced(target, drafter, aux, ids + ans, [0] * len(ids) + [1] * len(ans), args.k)
-            for ids, ans, _ in generated]
-    firsts = [first_drafts(target, drafter, aux, ids, ans, events) for ids, ans, events in generated]
+    held_tbs = [target_pass(target, aux, ids + ans, [0] * len(ids) + [1] * len(ans)) for ids, ans, _ in generated]
+    held = [teacher_forced(drafter, tb, args.k) for tb in held_tbs]
+    firsts = [first_drafts(drafter, tb, len(ids), events) for tb, (ids, _, events) in zip(held_tbs, generated)]
     agree = np.array([f[:2] for f in firsts]).sum(0)
     rejected = np.array([r for f in firsts for r in f[2]]).reshape(-1, 2)  # (rank, target's top probability)
     data = load_shards(args.train)
     rows = np.random.default_rng(1).choice(len(data), args.num, replace=False)
-    train = [teacher_forced(target, drafter, aux, *(x.astype(np.int64).tolist() for x in data.get(int(i))), args.k)
-             for i in rows]
+    train = [teacher_forced(drafter, target_pass(target, aux, *(x.astype(np.int64).tolist() for x in data.get(int(i)))),
+                            args.k) for i in rows]
     print(f"hold-out, engine (k={args.k}): mean acceptance length {stats.mean_acceptance_length:.3f}, acceptance "
           f"per position {[round(a, 3) for a in stats.acceptance_per_position]}")
     print(f"hold-out, engine: its first draft equals the training forward's at {agree[0]} of {agree[1]} chain starts")
