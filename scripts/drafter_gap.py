@@ -48,8 +48,7 @@ def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
     with torch.no_grad():
         cos, sin = rope_for(drafter, seq.shape[1] + 1, seq.device)
         h = eagle3_ttt_forward(drafter, torch.nn.functional.pad(seq, (0, 2)), tb.features, 1, cos, sin)[0]
-        picks = drafter.lm_head(drafter.norm(h[0])).argmax(-1)  # [S]
-        picks = (picks + drafter.d2t[picks]) if drafter.d2t is not None else picks
+        picks = drafter.select(drafter.lm_head(drafter.norm(h[0])))  # [S] target ids
     probs = tb.logits[0].float().softmax(-1)  # [S, V]
     same = steps = 0
     rejected = []

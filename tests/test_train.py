@@ -40,6 +40,7 @@ from demo.train_losses import (
     rope_for,
     run_target,
 )
+from tests import tiny
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -160,12 +161,11 @@ def _engine_drafts_match_training(engine, drafter, target, prompts, k: int) -> t
                         tokens = torch.cat((seq[:, : done], seq.new_tensor([e.draft_ids + [0]])), 1)
                         cos, sin = rope_for(drafter, root + 1 + steps, seq.device)
                         outs = eagle3_ttt_forward(drafter, tokens, tb.features[:, : root + 1], steps, cos, sin)
-                        picks = [int(drafter.lm_head(drafter.norm(h[0, root])).argmax()) for h in outs]
-                        picks = [p + int(drafter.d2t[p]) for p in picks]
+                        picks = [int(drafter.select(drafter.lm_head(drafter.norm(h[0, root])))) for h in outs]
                     else:
                         cos, sin = rope_for(drafter, root + 1, seq.device)
                         out = eagle_forward(drafter, seq[:, 1: root + 2], tb.features[:, : root + 1], cos, sin)
-                        picks = [int(target.lm_head(out[0, root]).argmax())]
+                        picks = [int(drafter.select(target.lm_head(out[0, root])))]
                 assert e.draft_ids[:steps] == picks, (prompt, done)
                 compared += steps
                 accepted += e.num_accepted
@@ -189,19 +189,8 @@ def test_engine_drafts_exactly_what_the_training_forward_predicts(method, vocab)
 def _tiny_pair(method: str, vocab: int, device: str = "cpu"):
     """A tiny random target of `vocab` tokens, a random drafter for it (EAGLE-3: a quarter of the
     tokens outside its draft vocabulary) and three prompts."""
-    target = Target(tiny_hf(seed=5, vocab_size=vocab, eos_token_id=None).to(device))
-    aux = target.config.default_aux_layers()
-    torch.manual_seed(6)
-    if method == "eagle3":
-        nd = vocab // 4 * 3  # a quarter of the target's tokens are outside the draft vocabulary
-        drafter = Eagle3Drafter(DrafterConfig.for_target("eagle3", target.config, draft_vocab_size=nd,
-                                                         aux_layer_ids=aux))
-        ids = torch.randperm(vocab)[:nd].sort().values
-        drafter.d2t.copy_(ids - torch.arange(nd))
-        drafter.t2d[ids] = True
-    else:
-        drafter = EagleDrafter(DrafterConfig.for_target("eagle", target.config))
-    random_norms(drafter)
+    target = Target(tiny.tiny_hf("llama", seed=5, vocab_size=vocab).to(device))
+    drafter = tiny.tiny_drafter(method, target, draft_vocab_size=vocab // 4 * 3 if method == "eagle3" else 0)
     drafter.to(device).share_target(target)
     g = torch.Generator().manual_seed(7)
     return target, drafter, [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in (5, 11, 17)]
