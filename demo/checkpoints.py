@@ -12,6 +12,9 @@ Layouts read (``architectures`` in config.json first, weight names second):
 - SpecForge / vLLM (``LlamaForCausalLMEagle3``): EAGLE-3 names, maybe under ``model.``, single or
   sharded safetensors, ``eagle_config.eagle_aux_hidden_state_layer_ids`` and ``target_hidden_size``
   (then ``fc`` is [H, 3*Ht] and the checkpoint carries its own ``embed_tokens``).
+- Shared-head EAGLE-3 (nvidia/gpt-oss-120b-Eagle3): no ``lm_head``, no ``d2t`` and no
+  ``draft_vocab_size``; it drafts over the full vocabulary through the target's lm_head (vLLM shares
+  a head the checkpoint lacks, SGLang one whose config has no ``draft_vocab_size``).
 - speculators (``Eagle3Speculator``): layer sizes in ``transformer_layer_config``, EAGLE-3 extras at
   the top level, ``layers.0.*`` for ``midlayer.*`` (mapped as vLLM's ``load_weights`` does), and
   ``norm_before_residual`` true unless it says otherwise (vLLM's default for this format).
@@ -132,10 +135,14 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
         aux = target.config.default_aux_layers()
         warnings.append(f"the checkpoint names no aux layers (eagle_aux_hidden_state_layer_ids): using the target "
                         f"default {list(aux)}; if acceptance is near zero, the head was trained on other layers")
-    draft_vocab = config.get("draft_vocab_size") or _rows(canon, "lm_head.weight")
+    own_head = "lm_head.weight" in canon
+    draft_vocab = config.get("draft_vocab_size") or _rows(canon, "lm_head.weight") or vocab
+    if not own_head and int(draft_vocab) != int(vocab):
+        raise DrafterLoadError(f"lm_head.weight: missing; draft_vocab_size {draft_vocab} needs the head's own lm_head "
+                               f"(only a full-vocabulary head, {vocab} tokens, drafts through the target's)")
     # vLLM reads a speculators config without norm_before_residual as true
     norm_before_residual = config.get("norm_before_residual", speculators)
-    return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab or 0), target_hidden_size=target_hidden,
+    return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab), own_lm_head=own_head, target_hidden_size=target_hidden,
                          aux_layer_ids=None if aux is None else tuple(aux),
                          norm_before_residual=bool(norm_before_residual), warnings=warnings)
 
@@ -436,7 +443,7 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------------------------------- loading
 def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None) -> EagleDrafter | Eagle3Drafter:
     """Load a drafter for `target` from a local directory or a hub id, in the target's dtype and on
-    its device, sharing its embedding (and EAGLE-1's lm_head). Everything that would not fit the
+    its device, sharing its embedding (and the lm_head of EAGLE-1 and shared-head EAGLE-3). Everything that would not fit the
     target is refused here, before any generation; `drafter.cfg.warnings` says what was assumed."""
     d = resolve_drafter_dir(spec)
     config, tensors = _read_checkpoint(d)
@@ -575,7 +582,9 @@ def _config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
                 "own_embedding": cfg.own_embedding}
     if cfg.method == "eagle":
         return {"architectures": ["LlamaForCausalLM"], **common, "bias": cfg.fc_bias, "speclens": speclens}
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **common, "draft_vocab_size": cfg.draft_vocab_size}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], **common}
+    if cfg.own_lm_head:  # a shared head writes none: SGLang then takes the target's lm_head (vLLM: none saved)
+        config["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.target_hidden_size != cfg.hidden_size:
         config["target_hidden_size"] = cfg.target_hidden_size
     if cfg.norm_before_residual:

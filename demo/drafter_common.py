@@ -44,6 +44,7 @@ class DrafterConfig:
     attention_bias: bool = False
     norm_before_residual: bool = False  # speculators' EAGLE-3 variant: residual is hidden_norm(h)
     own_embedding: bool = False  # checkpoint carries embed_tokens (needed when target_hidden_size differs)
+    own_lm_head: bool = True  # EAGLE-3 carries its lm_head; False: the target's, over the full vocabulary
     warnings: list[str] = field(default_factory=list)  # shown to the user after loading
 
     def __post_init__(self):
@@ -54,6 +55,11 @@ class DrafterConfig:
         self.target_hidden_size = self.target_hidden_size or self.hidden_size
         if self.aux_layer_ids is not None:
             self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
+        if self.method == "eagle":
+            self.own_lm_head = False  # EAGLE-1 always reads through the target's lm_head
+        elif not self.own_lm_head and self.draft_vocab_size != self.vocab_size:
+            raise ValueError(f"an EAGLE-3 head sharing the target's lm_head drafts over the full vocabulary "
+                             f"({self.vocab_size} tokens), not a draft vocabulary of {self.draft_vocab_size}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -122,8 +128,11 @@ class DrafterBase(nn.Module):
         self.cos = self.sin = None
 
     def share_target(self, target) -> None:
-        """Borrow the target's embedding (and, for EAGLE-1, its lm_head) without copying."""
+        """Borrow the target's embedding (and, for EAGLE-1 and a shared-head EAGLE-3, its lm_head)
+        without copying."""
         object.__setattr__(self, "_target_embed", target.embed)
+        if not self.cfg.own_lm_head:
+            object.__setattr__(self, "lm_head", target.lm_head)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return (self.embed_tokens or self._target_embed)(tokens)

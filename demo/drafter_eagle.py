@@ -31,11 +31,7 @@ class EagleDrafter(DrafterBase):
         super().__init__(cfg)
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([EagleLayer(cfg)])
-        object.__setattr__(self, "_target_lm_head", None)  # the target's, not registered (see DrafterBase)
-
-    def share_target(self, target) -> None:
-        super().share_target(target)
-        object.__setattr__(self, "_target_lm_head", target.lm_head)
+        object.__setattr__(self, "lm_head", None)  # the target's, not registered (see DrafterBase)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """EAGLE-1 reads the target's final hidden state as it is; [B, q, H] -> [B, q, H]."""
@@ -54,4 +50,4 @@ class EagleDrafter(DrafterBase):
         x = x + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads, cfg.num_kv_heads,
                           cfg.head_dim, cos, sin, k_cache, v_cache, positions, mask)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._target_lm_head(x), x
+        return self.lm_head(x), x

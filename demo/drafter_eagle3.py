@@ -7,6 +7,8 @@
   one); post-attention norm and SwiGLU MLP as in Llama.
 - ``norm`` then ``lm_head`` [Vd, H] over the draft vocabulary; draft id i is target id
   i + d2t[i] (``d2t`` holds offsets; ``t2d`` marks target ids present in the draft vocabulary).
+  A shared-head variant (``own_lm_head`` false; no ``lm_head``, no ``d2t`` in the checkpoint, as
+  nvidia/gpt-oss-120b-Eagle3) reads through the target's own lm_head over the full vocabulary.
 - Later draft steps feed back the layer's own pre-norm output instead of fc(features).
 """
 
@@ -37,7 +39,10 @@ class Eagle3Drafter(DrafterBase):
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        if cfg.own_lm_head:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        else:
+            object.__setattr__(self, "lm_head", None)  # the target's, borrowed by share_target
         if cfg.draft_vocab_size != cfg.vocab_size:
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))

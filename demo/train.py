@@ -86,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default', which vLLM and SGLang agree on; id i is the residual stream entering layer i)")
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="EAGLE-3 draft vocabulary size (8192: the largest whose bf16 lm_head fits a 9.5 MB shard)")
+    p.add_argument("--share-lm-head", action="store_true",
+                   help="EAGLE-3: no lm_head of its own: draft over the target's full vocabulary through the "
+                        "target's frozen lm_head (nothing outside the draft vocabulary; no lm_head to ship)")
     p.add_argument("--feature-noise", type=float, default=0.2,
                    help="EAGLE-1 uniform input-feature noise, relative to the feature RMS (0: off)")
     p.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
@@ -109,6 +112,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--init-drafter starts a new run from saved weights; --resume continues a run's own checkpoint")
     if args.rebuild_draft_vocab and not (args.init_drafter and args.method == "eagle3"):
         p.error("--rebuild-draft-vocab renews the vocabulary of an EAGLE-3 --init-drafter (a fresh run builds one anyway)")
+    if args.share_lm_head and args.method != "eagle3":
+        p.error("--share-lm-head is EAGLE-3's (EAGLE-1 always reads through the target's lm_head)")
+    if args.share_lm_head and args.rebuild_draft_vocab:
+        p.error("--share-lm-head drafts over the full vocabulary: there is no draft vocabulary to rebuild")
     if args.aux_layers is not None:
         args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
         if len(args.aux_layers) != 3:
@@ -165,16 +172,17 @@ def check_holdout(data: SequenceSet) -> str | None:
 
 # ------------------------------------------------------------------------------------ drafter
 def build_drafter(method: str, target, vocab: DraftVocab | None, init_from_target: bool, share: bool = True,
-                  aux_layers: tuple[int, ...] | None = None):
+                  aux_layers: tuple[int, ...] | None = None, share_lm_head: bool = False):
     """A fresh drafter shaped like one target layer, in fp32 on the target's device; `share`: borrow
-    the target's embedding (and EAGLE-1's lm_head) for training. A sharing drafter must never be
-    cast: .to(dtype) would cast the target's borrowed modules too."""
+    the target's embedding (and the lm_head of EAGLE-1, or of EAGLE-3 with `share_lm_head`, whose
+    vocabulary is then the full one) for training. A sharing drafter must never be cast: .to(dtype)
+    would cast the target's borrowed modules too."""
     tc = target.config
     if method == "eagle":
         cfg = DrafterConfig.for_target("eagle", tc)
         drafter = EagleDrafter(cfg)
     else:
-        cfg = DrafterConfig.for_target("eagle3", tc, draft_vocab_size=len(vocab.ids),
+        cfg = DrafterConfig.for_target("eagle3", tc, draft_vocab_size=len(vocab.ids), own_lm_head=not share_lm_head,
                                        aux_layer_ids=aux_layers)  # None: the target default, written as such
         drafter = Eagle3Drafter(cfg)
         if drafter.d2t is not None:
@@ -182,8 +190,9 @@ def build_drafter(method: str, target, vocab: DraftVocab | None, init_from_targe
             drafter.t2d.copy_(vocab.t2d)
         if init_from_target:  # start from the target's own output head over the draft vocabulary
             with torch.no_grad():
-                ids = torch.from_numpy(vocab.ids.astype(np.int64)).to(target.lm_head.weight.device)
-                drafter.lm_head.weight.copy_(target.lm_head.weight[ids].float().cpu())
+                if cfg.own_lm_head:
+                    ids = torch.from_numpy(vocab.ids.astype(np.int64)).to(target.lm_head.weight.device)
+                    drafter.lm_head.weight.copy_(target.lm_head.weight[ids].float().cpu())
                 drafter.norm.weight.copy_(target.norm.weight.float().cpu())
     drafter.to(target.device).train()
     if share:
@@ -254,6 +263,7 @@ def save_state(path: Path, run: "Run") -> None:
              "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch, "elapsed": run.elapsed,
              "vocab_ids": None if run.vocab is None else run.vocab.ids, "method": run.args.method,
              "aux_layers": None if run.args.aux_layers is None else list(run.args.aux_layers),
+             "share_lm_head": run.args.share_lm_head,
              "torch_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     tmp = path.with_suffix(".tmp")
@@ -321,6 +331,9 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
             raise SystemExit(f"--resume: the run trained on aux layers {saved or 'the target default'}, "
                              f"not {args.aux_layers}")
         args.aux_layers = saved
+        if state.get("share_lm_head", False) != args.share_lm_head:
+            raise SystemExit(f"--resume: the run {'shared' if state.get('share_lm_head') else 'had its own'} "
+                             f"lm_head; give --share-lm-head {'too' if state.get('share_lm_head') else 'only then'}")
 
     init = None
     if args.init_drafter:
@@ -329,6 +342,9 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
         init = load_drafter(args.init_drafter, target, method=args.method)
         if args.method == "eagle3" and args.aux_layers is None:
             args.aux_layers = init.cfg.aux_layer_ids
+        if args.method == "eagle3" and not init.cfg.own_lm_head and not args.share_lm_head:
+            raise SystemExit(f"--init-drafter {args.init_drafter} shares the target's lm_head: give --share-lm-head "
+                             f"(a head of its own would start untrained)")
 
     t = time.perf_counter()
     V = target.config.vocab_size
@@ -339,6 +355,8 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
             init_ids = np.asarray(state["vocab_ids"])
         elif init is not None and not args.rebuild_draft_vocab:  # the saved drafter's: id = draft id + d2t[draft id]
             init_ids = draft_vocab_ids(init)
+        if args.share_lm_head:  # the target's lm_head: every target token is a draft token
+            init_ids = np.arange(V)
         if init_ids is not None:
             ids = init_ids
             counts = np.bincount(answer.astype(np.int64), minlength=V)
@@ -346,15 +364,18 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
         else:
             vocab = build_draft_vocab(answer, min(args.draft_vocab, V), V)
         print(f"draft vocabulary: {len(vocab.ids)} of {V} target tokens, covering {100 * vocab.coverage:.2f}% "
-              f"of answer tokens")
+              f"of answer tokens" + (" (the target's lm_head)" if args.share_lm_head else ""))
     times["draft_vocab_s"] = time.perf_counter() - t
 
     if args.aux_layers is not None:
         target.check_aux_layers(args.aux_layers)
     drafter = build_drafter(args.method, target, vocab, args.init_from_target or args.rebuild_draft_vocab,
-                            aux_layers=args.aux_layers)
+                            aux_layers=args.aux_layers, share_lm_head=args.share_lm_head)
     if init is not None:
         saved = {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()}
+        if args.share_lm_head and init.cfg.own_lm_head:  # everything but the head and its vocabulary map
+            saved = {k: v for k, v in saved.items() if k not in ("lm_head.weight", "d2t", "t2d")}
+            print(f"lm_head dropped from {args.init_drafter}: drafting through the target's")
         if args.rebuild_draft_vocab:
             kept = carry_over_vocab(saved, draft_vocab_ids(init), drafter)
             print(f"draft vocabulary rebuilt: {kept} of {len(vocab.ids)} lm_head rows kept from {args.init_drafter}")
@@ -514,7 +535,8 @@ def _main(args, dist: Dist) -> dict:
         save_state(out / STATE_FILE, run)
         from demo.checkpoints import save_drafter
 
-        final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers)
+        final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers,
+                              share_lm_head=args.share_lm_head)
         final.load_state_dict(own_state(run.drafter))
         final.to(getattr(torch, args.save_dtype)).eval()
         save_drafter(final, out)

@@ -14,7 +14,8 @@ trained when x[i+2] is an assistant token (``mask[i+2]``).
   i+j. A query of step j attends to the step-0 keys causally plus the same-slot keys of steps
   1..j: exactly the cache contents an inference chain started at slot i sees at its j-th step.
   Loss: sum_j 0.8^j x soft cross-entropy against the target's softmax restricted (and
-  renormalised) to the draft vocabulary, over slots whose target argmax is in the draft vocabulary;
+  renormalised) to the draft vocabulary, over slots whose target argmax is in the draft vocabulary
+  (a shared-head drafter's vocabulary is the target's: every slot, nothing renormalised);
   optionally plus top1_weight x cross-entropy against the target's argmax (what a greedy draft at
   T = 0 is accepted on: where the target's distribution is flat, the soft target alone lets the
   draft's argmax land on a close second).
@@ -186,7 +187,8 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
     outs = eagle3_ttt_forward(drafter, tokens, tb.features, steps, cos, sin)
     shifted_mask = F.pad(tb.mask, (0, steps + 2))
     target_top = F.pad(target_top, (0, steps + 1))
-    restricted = tb.logits.index_select(-1, draft_ids)  # [B, S, Vd] the target's logits over the draft vocabulary
+    # [B, S, Vd] the target's logits over the draft vocabulary (a full-vocabulary head: all of them)
+    restricted = tb.logits if drafter.d2t is None else tb.logits.index_select(-1, draft_ids)
     if top1_weight:
         to_draft = torch.full((drafter.cfg.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] target id -> draft id
         to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)

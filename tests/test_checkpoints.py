@@ -170,6 +170,27 @@ def test_published_eagle3_full_vocabulary_with_zero_d2t_has_no_mapping(tmp_path)
     assert_same_drafter_and_lossless(loaded, ref, hf, target)
 
 
+def test_shared_head_eagle3_without_lm_head_drafts_through_the_targets(tmp_path):
+    """nvidia/gpt-oss-120b-Eagle3's layout: no lm_head, no d2t, no draft_vocab_size. The head drafts
+    over the full vocabulary through the target's own lm_head (borrowed, never copied or saved)."""
+    hf, target = tiny_target("llama")
+    ref = tiny_drafter("eagle3", target, own_lm_head=False, aux_layer_ids=(2, 4, 5))
+    ref.share_target(target)
+    config, tensors = specforge(ref, target)
+    del config["draft_vocab_size"]
+    assert not any(k.startswith(("lm_head", "d2t", "t2d")) for k in tensors)
+    loaded = load_drafter(write(tmp_path / "shared", config, tensors), target)
+    assert not loaded.cfg.own_lm_head and loaded.d2t is None and loaded.cfg.draft_vocab_size == 256
+    assert loaded.lm_head is target.lm_head
+    assert_same_drafter_and_lossless(loaded, ref, hf, target)
+    # saved back as it came: no lm_head, and no draft_vocab_size (SGLang then takes the target's head)
+    out = save_drafter(loaded, tmp_path / "saved")
+    assert "draft_vocab_size" not in json.loads((out / "config.json").read_text())
+    assert load_drafter(out, target).cfg.to_dict() == loaded.cfg.to_dict()
+    with pytest.raises(ValueError, match="full vocabulary"):  # a reduced vocabulary needs a head of its own
+        tiny_drafter("eagle3", target, draft_vocab_size=64, own_lm_head=False)
+
+
 def test_specforge_sharded_bf16_with_model_prefix_loads_and_is_lossless(tmp_path):
     hf, target = tiny_target("qwen3", seed=2)
     ref = round_through(tiny_drafter("eagle3", target, draft_vocab_size=100, aux_layer_ids=(1, 3, 8),
@@ -351,6 +372,14 @@ def test_missing_weight_is_refused_naming_it(tmp_path, llama):
     del tensors["midlayer.hidden_norm.weight"]
     msg = refused(tmp_path, target, config, tensors)
     assert msg.startswith("missing weights: midlayer.hidden_norm.weight")
+
+
+def test_reduced_vocabulary_without_lm_head_is_refused_naming_both_sizes(tmp_path, llama):
+    hf, target = llama
+    config, tensors = eagle3_ckpt(target)
+    del tensors["lm_head.weight"]
+    msg = refused(tmp_path, target, config, tensors)
+    assert msg.startswith("lm_head.weight: missing; draft_vocab_size 64") and "256" in msg
 
 
 def test_unexpected_weight_is_refused_naming_it(tmp_path, llama):

