@@ -88,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="EAGLE-3 draft vocabulary size (8192: the largest whose bf16 lm_head fits a 9.5 MB shard)")
     p.add_argument("--share-lm-head", action="store_true",
                    help="EAGLE-3: no lm_head of its own: draft over the target's full vocabulary through the "
-                        "target's frozen lm_head (nothing outside the draft vocabulary; no lm_head to ship)")
+                        "target's frozen lm_head (nothing outside the draft vocabulary; no lm_head to ship). A run "
+                        "resumed, or started from an --init-drafter that shares, shares without it")
     p.add_argument("--feature-noise", type=float, default=0.2,
                    help="EAGLE-1 uniform input-feature noise, relative to the feature RMS (0: off)")
     p.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
@@ -331,9 +332,10 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
             raise SystemExit(f"--resume: the run trained on aux layers {saved or 'the target default'}, "
                              f"not {args.aux_layers}")
         args.aux_layers = saved
-        if state.get("share_lm_head", False) != args.share_lm_head:
-            raise SystemExit(f"--resume: the run {'shared' if state.get('share_lm_head') else 'had its own'} "
-                             f"lm_head; give --share-lm-head {'too' if state.get('share_lm_head') else 'only then'}")
+        if args.share_lm_head and not state.get("share_lm_head", False):
+            raise SystemExit("--resume: the run trains an lm_head of its own; --share-lm-head starts a new run "
+                             "(--init-drafter)")
+        args.share_lm_head = bool(state.get("share_lm_head", False))
 
     init = None
     if args.init_drafter:
@@ -342,9 +344,11 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
         init = load_drafter(args.init_drafter, target, method=args.method)
         if args.method == "eagle3" and args.aux_layers is None:
             args.aux_layers = init.cfg.aux_layer_ids
-        if args.method == "eagle3" and not init.cfg.own_lm_head and not args.share_lm_head:
-            raise SystemExit(f"--init-drafter {args.init_drafter} shares the target's lm_head: give --share-lm-head "
-                             f"(a head of its own would start untrained)")
+        if args.method == "eagle3" and not init.cfg.own_lm_head:  # a head of its own would start untrained
+            if args.rebuild_draft_vocab:
+                raise SystemExit(f"--rebuild-draft-vocab: {args.init_drafter} drafts over the full vocabulary "
+                                 f"through the target's lm_head; there is no draft vocabulary to rebuild")
+            args.share_lm_head = True
 
     t = time.perf_counter()
     V = target.config.vocab_size

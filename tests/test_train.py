@@ -661,7 +661,8 @@ def test_init_drafter_starts_from_the_saved_weights_and_draft_vocabulary(tmp_pat
 
 def test_share_lm_head_starts_from_a_saved_head_without_its_lm_head(tmp_path):
     """--share-lm-head from a head with its own lm_head keeps every other weight (zero learning
-    rate: saved back exactly); a shared head continues only as one."""
+    rate: saved back exactly); a shared head continues as one, and a run with a head of its own
+    cannot switch on resume."""
     from safetensors.torch import load_file
 
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
@@ -672,10 +673,14 @@ def test_share_lm_head_starts_from_a_saved_head_without_its_lm_head(tmp_path):
     a, b = (load_file(tmp_path / d / "model.safetensors") for d in "ab")
     assert set(a) - set(b) == {"lm_head.weight", "d2t", "t2d"} and set(b) < set(a)
     assert all(torch.equal(a[k], b[k]) for k in b)
-    with pytest.raises(SystemExit, match="give --share-lm-head"):
-        _train(target_dir, data_dir, tmp_path / "c", "eagle3", "--init-drafter", str(tmp_path / "b"), *f32)
-    with pytest.raises(SystemExit, match="shared"):
-        _train(target_dir, data_dir, tmp_path / "b", "eagle3", "--resume", "--max-steps", "2")
+    log = _train(target_dir, data_dir, tmp_path / "c", "eagle3", "--init-drafter", str(tmp_path / "b"), *f32)
+    assert log["args"]["share_lm_head"] and log["draft_vocab"]["size"] == VOCAB
+    log = _train(target_dir, data_dir, tmp_path / "c", "eagle3", "--resume", "--save-dtype", "float32",
+                 "--max-steps", "2")
+    assert log["steps"] == 2 and log["args"]["share_lm_head"]
+    assert set(load_file(tmp_path / "c" / "model.safetensors")) == set(b)
+    with pytest.raises(SystemExit, match="lm_head of its own"):
+        _train(target_dir, data_dir, tmp_path / "a", "eagle3", "--resume", "--share-lm-head", "--max-steps", "2")
 
 
 def test_rebuilt_draft_vocabulary_keeps_the_trained_rows_and_starts_new_ones_from_the_target(tmp_path):
