@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="'default' (embedded SmolLM2-135M-Instruct), a local directory or a hub id")
     m.add_argument("--drafter", default=None,
                    help="drafter directory or hub id (default: the bundled drafter of --method, default target only)")
+    m.add_argument("--hot-tokens", choices=("auto", "on", "off"), default="auto",
+                   help="a shared-head EAGLE-3's hot_tokens.json: 'auto' drafts over those tokens only on a "
+                        "CPU, 'on' always, 'off' never (the full vocabulary)")
     m.add_argument("--method", choices=("eagle", "eagle3", "none"), default="eagle3",
                    help="drafter family; 'none' decodes with the target alone")
     m.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="draft tokens per step (k)")
@@ -127,7 +130,7 @@ def build_engine(args: argparse.Namespace):
     if spec is not None:
         from demo.checkpoints import load_drafter
 
-        drafter = load_drafter(spec, target, method=args.method)
+        drafter = load_drafter(spec, target, method=args.method, hot_tokens=args.hot_tokens)
         for warning in drafter.cfg.warnings:
             print(f"warning: {warning}", file=sys.stderr)
     engine = Engine(target, drafter, mode=args.mode, compile=args.compile, max_context=args.max_context)
@@ -260,6 +263,7 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
     dev = engine.device
     return {"target": args.target, "target_name": DEFAULT_TARGET_NAME if args.target == "default" else args.target,
             "drafter": drafter_spec(args), "method": args.method,
+            "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
             "k": args.num_spec_tokens if args.method != "none" else 0, "mode": args.mode, "compile": args.compile or False,
             "device": str(dev), "dtype": str(engine.target.dtype).replace("torch.", ""),
             "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
@@ -277,6 +281,8 @@ def format_report(report: dict) -> str:
     t, c = report["totals"], report["totals"]["config"]
     stats = AcceptanceStats(**t["counts"])
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
+    if c.get("draft_vocab"):
+        drafter += f" (drafting over {c['draft_vocab']} tokens)"
     mode = c["mode"] + {"all": "+compile(all)", "drafter": "+compile(drafter)"}.get(c["compile"] or "", "")
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),

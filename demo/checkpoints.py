@@ -19,6 +19,12 @@ Layouts read (``architectures`` in config.json first, weight names second):
   the top level, ``layers.0.*`` for ``midlayer.*`` (mapped as vLLM's ``load_weights`` does), and
   ``norm_before_residual`` true unless it says otherwise (vLLM's default for this format).
 
+A shared-head EAGLE-3 may come with ``hot_tokens.json`` (this project's trainer writes it): the
+most frequent target tokens of its training answers. On a CPU, where reading the target's whole
+lm_head for every draft step costs more than the head itself, the drafter projects onto those rows
+only (FR-Spec); on a GPU it drafts over the full vocabulary. ``load_drafter(..., hot_tokens="on"
+| "off")`` overrides the choice.
+
 Aux layer ids mean "the residual stream entering target layer i", as vLLM reads them (SGLang adds 1
 to ids it finds in a config; with no ids both engines use (2, L//2, L-3)).
 
@@ -43,7 +49,7 @@ from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
 from demo.layers import rope_inv_freq
 
-__all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter_config"]
+__all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter_config", "write_hot_tokens"]
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator",)
@@ -55,6 +61,7 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
 DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 SAVED_MAX_POSITIONS = 8192  # written for other engines, which size the drafter's RoPE by it (vLLM #48894)
+HOT_TOKENS_FILE = "hot_tokens.json"  # a shared-head EAGLE-3's most frequent target tokens (read by SpecLens only)
 
 
 class DrafterLoadError(ValueError):
@@ -441,10 +448,13 @@ def _first_line(e: Exception) -> str:
 
 
 # ---------------------------------------------------------------------------------------- loading
-def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None) -> EagleDrafter | Eagle3Drafter:
+def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
+                 hot_tokens: str = "auto") -> EagleDrafter | Eagle3Drafter:
     """Load a drafter for `target` from a local directory or a hub id, in the target's dtype and on
     its device, sharing its embedding (and the lm_head of EAGLE-1 and shared-head EAGLE-3). Everything that would not fit the
-    target is refused here, before any generation; `drafter.cfg.warnings` says what was assumed."""
+    target is refused here, before any generation; `drafter.cfg.warnings` says what was assumed.
+    hot_tokens: project a shared-head EAGLE-3 onto the rows of its hot_tokens.json only: "auto" on a
+    CPU target when the file is there, "on" always (the file must be there), "off" never."""
     d = resolve_drafter_dir(spec)
     config, tensors = _read_checkpoint(d)
     plan = _plan(config, {k: tuple(v.shape) for k, v in tensors.items()}, method, target)
@@ -474,7 +484,38 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None) 
     drafter.load_state_dict(state, strict=True, assign=True)
     drafter.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
     drafter.share_target(target)
+    if hot_tokens not in ("auto", "on", "off"):
+        raise ValueError(f"hot_tokens: {hot_tokens!r}, not 'auto', 'on' or 'off'")
+    hot = _read_hot_tokens(d, cfg) if hot_tokens != "off" else None
+    if hot_tokens == "on" and hot is None:
+        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {d}" if not cfg.own_lm_head else
+                               f"{HOT_TOKENS_FILE}: only a head drafting through the target's lm_head reads it; this one "
+                               f"has its own lm_head over {cfg.draft_vocab_size} tokens")
+    if hot is not None and (hot_tokens == "on" or target.device.type == "cpu"):
+        drafter.limit_vocab(hot)
     return drafter
+
+
+def _read_hot_tokens(d: Path, cfg: DrafterConfig) -> torch.Tensor | None:
+    """The ids of a shared-head EAGLE-3's hot_tokens.json ([N] int64), or None without one."""
+    path = d / HOT_TOKENS_FILE
+    if cfg.method != "eagle3" or cfg.own_lm_head or not path.exists():
+        return None
+    body = _read_json(path)
+    ids = body.get("ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < cfg.vocab_size for i in ids):
+        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: 'ids' must be a non-empty list of target ids in "
+                               f"[0, {cfg.vocab_size}) (the file is corrupted)")
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def write_hot_tokens(out_dir: str | os.PathLike, ids, coverage: float, source: str) -> Path:
+    """Write a shared-head EAGLE-3's hot tokens: target ids (sorted), the share of answer tokens
+    they cover, and where they were counted."""
+    path = Path(out_dir) / HOT_TOKENS_FILE
+    body = {"ids": sorted(int(i) for i in ids), "coverage": round(float(coverage), 6), "source": source}
+    path.write_text(json.dumps(body) + "\n")
+    return path
 
 
 def _check_vocab_values(plan: _Plan, tensors: dict, state: dict) -> None:

@@ -155,3 +155,8 @@ class DrafterBase(nn.Module):
     def select(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy draft ids in the target's vocabulary; logits [..., Vd] -> [...] int64."""
         return logits.argmax(-1)
+
+    @property
+    def drafting_vocab(self) -> int:
+        """How many target tokens a draft can be: the draft vocabulary (EAGLE-3: or its limit_vocab subset)."""
+        return self.cfg.draft_vocab_size

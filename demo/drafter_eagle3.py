@@ -8,7 +8,9 @@
 - ``norm`` then ``lm_head`` [Vd, H] over the draft vocabulary; draft id i is target id
   i + d2t[i] (``d2t`` holds offsets; ``t2d`` marks target ids present in the draft vocabulary).
   A shared-head variant (``own_lm_head`` false; no ``lm_head``, no ``d2t`` in the checkpoint, as
-  nvidia/gpt-oss-120b-Eagle3) reads through the target's own lm_head over the full vocabulary.
+  nvidia/gpt-oss-120b-Eagle3) reads through the target's own lm_head over the full vocabulary, or,
+  after ``limit_vocab(ids)``, through the rows of its most frequent tokens only (FR-Spec's
+  frequency-ranked subset: what makes a draft step cheap where reading the whole head is not).
 - Later draft steps feed back the layer's own pre-norm output instead of fc(features).
 """
 
@@ -43,11 +45,43 @@ class Eagle3Drafter(DrafterBase):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         else:
             object.__setattr__(self, "lm_head", None)  # the target's, borrowed by share_target
+        self.hot_ids = None  # limit_vocab's target ids (plain attribute, on the target's device)
+        object.__setattr__(self, "_full_lm_head", None)  # the target's, whatever limit_vocab did
         if cfg.draft_vocab_size != cfg.vocab_size:
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         else:
             self.d2t = self.t2d = None
+
+    def share_target(self, target) -> None:
+        super().share_target(target)
+        if not self.cfg.own_lm_head:
+            object.__setattr__(self, "_full_lm_head", target.lm_head)
+            if self.hot_ids is not None:
+                self._limit_head()
+
+    def limit_vocab(self, ids: torch.Tensor) -> None:
+        """Draft over the target ids `ids` only, through those rows of the target's lm_head (a
+        shared-head drafter; call after share_target, which keeps the limit). Verification is
+        untouched, so the output stays the target's; a draft can only miss more often, where the
+        target's token is outside `ids`. ids: [N] distinct target ids."""
+        if self.cfg.own_lm_head:
+            raise ValueError("limit_vocab: this head drafts over its own draft vocabulary, not the target's lm_head")
+        if self._full_lm_head is None:
+            raise ValueError("limit_vocab: share_target(target) first (the rows come from the target's lm_head)")
+        self.hot_ids = ids.to(self._full_lm_head.weight.device, torch.int64).unique()  # [N] sorted
+        self._limit_head()
+
+    @property
+    def drafting_vocab(self) -> int:
+        return self.cfg.draft_vocab_size if self.hot_ids is None else len(self.hot_ids)
+
+    def _limit_head(self) -> None:
+        full = self._full_lm_head.weight.detach()  # [V, H]
+        head = nn.Linear(full.shape[1], len(self.hot_ids), bias=False, device=full.device, dtype=full.dtype)
+        head.requires_grad_(False).weight.copy_(full[self.hot_ids])  # [N, H]
+        object.__setattr__(self, "lm_head", head)  # not registered: never saved, like the target's
+        self.d2t = self.hot_ids - torch.arange(len(self.hot_ids), device=self.hot_ids.device)  # [N] offsets
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H]."""

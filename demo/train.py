@@ -90,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="EAGLE-3: no lm_head of its own: draft over the target's full vocabulary through the "
                         "target's frozen lm_head (nothing outside the draft vocabulary; no lm_head to ship). A run "
                         "resumed, or started from an --init-drafter that shares, shares without it")
+    p.add_argument("--hot-tokens", type=int, default=16384,
+                   help="with --share-lm-head: also save this many most frequent answer tokens (hot_tokens.json), "
+                        "which the drafter alone drafts over on a CPU")
     p.add_argument("--feature-noise", type=float, default=0.2,
                    help="EAGLE-1 uniform input-feature noise, relative to the feature RMS (0: off)")
     p.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
@@ -290,6 +293,7 @@ class Run:
     opt: torch.optim.Optimizer
     aux: tuple[int, ...]  # target feature layers read (EAGLE-3), () for EAGLE-1
     dist: Dist
+    hot: DraftVocab | None = None  # a shared head's most frequent answer tokens (hot_tokens.json)
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
@@ -341,7 +345,7 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     if args.init_drafter:
         from demo.checkpoints import load_drafter
 
-        init = load_drafter(args.init_drafter, target, method=args.method)
+        init = load_drafter(args.init_drafter, target, method=args.method, hot_tokens="off")
         if args.method == "eagle3" and args.aux_layers is None:
             args.aux_layers = init.cfg.aux_layer_ids
         if args.method == "eagle3" and not init.cfg.own_lm_head:  # a head of its own would start untrained
@@ -393,7 +397,10 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,
                             **({"fused": True} if target.device.type == "cuda" else {}))
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers()) if args.method == "eagle3" else ()
-    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist)
+    hot = build_draft_vocab(answer, min(args.hot_tokens, V), V) if args.share_lm_head else None
+    if hot is not None:
+        print(f"hot tokens (drafted over on a CPU): {len(hot.ids)}, covering {100 * hot.coverage:.2f}% of answer tokens")
+    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist, hot)
     dist.broadcast_parameters(params)
     if state is not None:
         restore(run, state)  # rank 0's generator state, on every rank
@@ -537,13 +544,15 @@ def _main(args, dist: Dist) -> dict:
     t = time.perf_counter()
     if dist.is_main:
         save_state(out / STATE_FILE, run)
-        from demo.checkpoints import save_drafter
+        from demo.checkpoints import save_drafter, write_hot_tokens
 
         final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers,
                               share_lm_head=args.share_lm_head)
         final.load_state_dict(own_state(run.drafter))
         final.to(getattr(torch, args.save_dtype)).eval()
         save_drafter(final, out)
+        if run.hot is not None:
+            write_hot_tokens(out, run.hot.ids, run.hot.coverage, f"most frequent answer tokens of {args.data}")
     times["save_s"] = time.perf_counter() - t
     times["total_s"] = time.perf_counter() - t0
 
@@ -553,6 +562,7 @@ def _main(args, dist: Dist) -> dict:
         "epochs_done": run.epoch, "trained_s": run.elapsed, "times": times, "data": log_data,
         "world_size": dist.world, "ranks_in_sync": in_sync,
         "draft_vocab": None if run.vocab is None else {"size": len(run.vocab.ids), "coverage": run.vocab.coverage},
+        "hot_tokens": None if run.hot is None else {"size": len(run.hot.ids), "coverage": run.hot.coverage},
         "drafter": {"parameters": sum(p.numel() for p in run.params), "config": run.drafter.cfg.to_dict(),
                     "save_dtype": args.save_dtype},
         "device": _device_info(run.target.device), "final": last, "history": history,

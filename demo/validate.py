@@ -32,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafter", action="append", help="drafter directory or hub id (repeatable)")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="join the reports of split runs (same prompts) into one; runs nothing")
+    p.add_argument("--hot-tokens", choices=("auto", "on", "off"), default="auto",
+                   help="a shared-head EAGLE-3's hot_tokens.json: 'auto' drafts over those tokens only on a "
+                        "CPU, 'on' always, 'off' never (the full vocabulary)")
     p.add_argument("--method", choices=("eagle", "eagle3"), default=None,
                    help="refuse a drafter of the other method (default: whatever the checkpoint is)")
     p.add_argument("--target", default="default")
@@ -184,7 +187,8 @@ def main(argv=None) -> dict:
     target = Target(hf)
     prompts, fingerprint = holdout_prompt_ids(tok, args.num_prompts, args.max_prompt_tokens, args.seed, args.prompts)
     max_context = max(len(p) for p in prompts) + args.max_new_tokens + max(args.ks) + 1
-    drafters = [(spec, load_drafter(spec, target, method=args.method)) for spec in args.drafter]
+    drafters = [(spec, load_drafter(spec, target, method=args.method, hot_tokens=args.hot_tokens))
+                for spec in args.drafter]
     engine = Engine(target, drafters[0][1], mode=args.mode, compile=args.compile,
                     max_context=max(max_context, 2048))
     print(f"{len(prompts)} hold-out prompts (fingerprint {fingerprint}), max_new_tokens {args.max_new_tokens}, "
@@ -201,6 +205,7 @@ def main(argv=None) -> dict:
                 stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar)
                 summary = stats.summary()
                 rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method, "mode": args.mode,
+                             "draft_vocab": drafter.drafting_vocab,
                              "compile": args.compile or False,
                              "temperature": temperature, "k": k, "seconds": time.perf_counter() - start, **summary})
                 bar.set_postfix(method=drafter.cfg.method, T=temperature, k=k,

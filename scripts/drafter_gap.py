@@ -82,7 +82,7 @@ def main() -> None:
 
     hf, _ = load_target("default", args.device)
     target = Target(hf)
-    drafter = load_drafter(args.drafter, target, method="eagle3")
+    drafter = load_drafter(args.drafter, target, method="eagle3", hot_tokens="off")  # as on a GPU
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
     prompts, _ = holdout_prompt_ids(None, 50, 1024, 0, args.holdout)  # the validation subsample's first ones
     engine = Engine(target, drafter, max_context=2048)

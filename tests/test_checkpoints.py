@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
-from demo.checkpoints import DrafterLoadError, load_drafter, read_drafter_config, save_drafter
+from demo.checkpoints import DrafterLoadError, load_drafter, read_drafter_config, save_drafter, write_hot_tokens
 from demo.engine import Engine, GenerationConfig
 from demo.presets import DEFAULT_PRESET, PRESETS, Preset, bundled_drafter_dir, get_preset
 from tests.tiny import tiny_drafter, tiny_target
@@ -189,6 +189,45 @@ def test_shared_head_eagle3_without_lm_head_drafts_through_the_targets(tmp_path)
     assert load_drafter(out, target).cfg.to_dict() == loaded.cfg.to_dict()
     with pytest.raises(ValueError, match="full vocabulary"):  # a reduced vocabulary needs a head of its own
         tiny_drafter("eagle3", target, draft_vocab_size=64, own_lm_head=False)
+
+
+def test_hot_tokens_limit_a_shared_head_on_a_cpu_and_it_stays_lossless(tmp_path):
+    """hot_tokens.json (FR-Spec): on a CPU a shared head drafts over those target ids only, each
+    draft the best of them under the full head's logits; "off" keeps the full vocabulary."""
+    hf, target = tiny_target("llama")
+    ref = tiny_drafter("eagle3", target, own_lm_head=False, aux_layer_ids=(2, 4, 5))
+    out = save_drafter(ref, tmp_path / "d")
+    hot = torch.randperm(256, generator=torch.Generator().manual_seed(0))[:40].sort().values
+    write_hot_tokens(out, hot.tolist(), 0.9, "test")
+    full = load_drafter(out, target, hot_tokens="off")
+    assert full.drafting_vocab == 256 and full.lm_head is target.lm_head
+    limited = load_drafter(out, target)  # the target is on the CPU: "auto" limits
+    assert limited.drafting_vocab == 40 and torch.equal(limited.hot_ids, hot)
+    tokens, drafts = tokens_and_drafts(target, limited)  # the engine re-shares the target: the limit holds
+    assert limited.lm_head.weight.shape == (40, 64)
+    assert tokens == hf_greedy(hf) and all(d in set(hot.tolist()) for step in drafts for d in step)
+    h = torch.randn(1, 5, 64)
+    with torch.no_grad():
+        want = hot[target.lm_head(full.norm(h))[..., hot].argmax(-1)]
+        assert torch.equal(limited.select(limited.lm_head(limited.norm(h))), want)
+    again = save_drafter(limited, tmp_path / "again")  # saved as the shared head it is, limit or not
+    assert load_drafter(again, target, hot_tokens="off").cfg.to_dict() == full.cfg.to_dict()
+    assert not any(k.startswith(("lm_head", "d2t")) for k in load_file(str(again / "model.safetensors")))
+
+
+def test_hot_tokens_are_refused_where_they_cannot_apply(tmp_path, llama):
+    hf, target = llama
+    own = save_drafter(tiny_drafter("eagle3", target, draft_vocab_size=64), tmp_path / "own")
+    write_hot_tokens(own, [1, 2, 3], 1.0, "test")
+    assert load_drafter(own, target).drafting_vocab == 64  # "auto": a head of its own keeps its vocabulary
+    with pytest.raises(DrafterLoadError, match="hot_tokens.json: only a head drafting through the target's lm_head"):
+        load_drafter(own, target, hot_tokens="on")
+    shared = save_drafter(tiny_drafter("eagle3", target, own_lm_head=False), tmp_path / "shared")
+    with pytest.raises(DrafterLoadError, match="hot_tokens.json: missing"):
+        load_drafter(shared, target, hot_tokens="on")
+    (shared / "hot_tokens.json").write_text('{"ids": [1, 999]}')
+    with pytest.raises(DrafterLoadError, match=r"hot_tokens.json: 'ids' must be .* \[0, 256\)"):
+        load_drafter(shared, target)
 
 
 def test_specforge_sharded_bf16_with_model_prefix_loads_and_is_lossless(tmp_path):

@@ -552,16 +552,22 @@ def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
     shared = method == "eagle3-shared"
     method = "eagle3" if shared else method
-    log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3", *(["--share-lm-head"] * shared))
+    log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3",
+                 *(["--share-lm-head", "--hot-tokens", "40"] * shared))
     assert log["steps"] == 3 and log["stop_reason"] == "max_steps"
     assert set(log["times"]) >= {"load_target_s", "load_data_s", "train_s", "save_s"}
     assert json.loads((tmp_path / "out" / "train_log.json").read_text())["steps"] == 3
     target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
-    drafter = load_drafter(tmp_path / "out", target, method=method)
+    drafter = load_drafter(tmp_path / "out", target, method=method, hot_tokens="off")
     assert drafter.cfg.method == method
-    if shared:  # the target's lm_head, nothing of it saved
+    if shared:  # the target's lm_head, nothing of it saved; the 40 most frequent answer tokens for a CPU
         assert not drafter.cfg.own_lm_head and drafter.cfg.draft_vocab_size == VOCAB and drafter.lm_head is target.lm_head
-        assert log["draft_vocab"] == {"size": VOCAB, "coverage": 1.0}
+        assert log["draft_vocab"] == {"size": VOCAB, "coverage": 1.0} and log["hot_tokens"]["size"] == 40
+        hot = json.loads((tmp_path / "out" / "hot_tokens.json").read_text())
+        answers = load_shards(data_dir).answer_tokens()
+        assert hot["ids"] == sorted(hot["ids"]) and len(set(hot["ids"])) == 40
+        assert hot["coverage"] == pytest.approx(float(np.isin(answers, hot["ids"]).mean()), abs=1e-6)
+        assert load_drafter(tmp_path / "out", target).drafting_vocab == 40  # on this CPU
         assert "draft_vocab_size" not in json.loads((tmp_path / "out" / "config.json").read_text())
     elif method == "eagle3":
         assert drafter.cfg.draft_vocab_size == 64 and int(drafter.t2d.sum()) == 64
