@@ -174,7 +174,7 @@ def _engine_drafts_match_training(engine, drafter, target, prompts, k: int) -> t
 
 
 @pytest.mark.parametrize("vocab", [8, VOCAB])  # 8: random drafts are often accepted, chains start past row 0
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-shared"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-shared", "eagle3-hot"])
 def test_engine_drafts_exactly_what_the_training_forward_predicts(method, vocab):
     """The engine's drafter state (the catch-up over the emitted tokens, the chain's positions and
     feedback) is the state training assumes, at every draft of every step: a capture or bookkeeping
@@ -188,11 +188,14 @@ def test_engine_drafts_exactly_what_the_training_forward_predicts(method, vocab)
 
 def _tiny_pair(method: str, vocab: int, device: str = "cpu"):
     """A tiny random target of `vocab` tokens, a random drafter for it (EAGLE-3: a quarter of the
-    tokens outside its draft vocabulary; "eagle3-shared": drafting through the target's lm_head)
-    and three prompts."""
+    tokens outside its draft vocabulary; "eagle3-shared": drafting through the target's lm_head;
+    "eagle3-hot": through three quarters of its rows, as on a CPU) and three prompts."""
     target = Target(tiny.tiny_hf("llama", seed=5, vocab_size=vocab).to(device))
-    if method == "eagle3-shared":
-        drafter = tiny.tiny_drafter("eagle3", target, own_lm_head=False)
+    if method in ("eagle3-shared", "eagle3-hot"):
+        drafter = tiny.tiny_drafter("eagle3", target, own_lm_head=False).to(device)
+        drafter.share_target(target)
+        if method == "eagle3-hot":
+            drafter.limit_vocab(torch.randperm(vocab, generator=torch.Generator().manual_seed(3))[: vocab // 4 * 3])
     else:
         drafter = tiny.tiny_drafter(method, target, draft_vocab_size=vocab // 4 * 3 if method == "eagle3" else 0)
     drafter.to(device).share_target(target)
@@ -773,7 +776,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 @pytest.mark.parametrize("method,compile_", [("eagle", False), ("eagle3", False), ("eagle3", "drafter"),
-                                             ("eagle3-shared", False), ("eagle3-shared", "drafter")])
+                                             ("eagle3-shared", False), ("eagle3-shared", "drafter"),
+                                             ("eagle3-hot", False), ("eagle3-hot", "drafter")])
 def test_cuda_graph_drafts_exactly_what_the_training_forward_predicts(method, compile_):
     # the vLLM change's failure mode: captured (and compiled) drafting that proposes other drafts
     # than the model would, lowering acceptance while the output stays lossless. fp32: no near-ties
