@@ -149,8 +149,8 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
                                f"(only a full-vocabulary head, {vocab} tokens, drafts through the target's)")
     # vLLM reads a speculators config without norm_before_residual as true
     norm_before_residual = config.get("norm_before_residual", speculators)
-    return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab), own_lm_head=own_head, target_hidden_size=target_hidden,
-                         aux_layer_ids=None if aux is None else tuple(aux),
+    return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab), own_lm_head=own_head,
+                         target_hidden_size=target_hidden, aux_layer_ids=None if aux is None else tuple(aux),
                          norm_before_residual=bool(norm_before_residual), warnings=warnings)
 
 
@@ -451,8 +451,9 @@ def _first_line(e: Exception) -> str:
 def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
                  hot_tokens: str = "auto") -> EagleDrafter | Eagle3Drafter:
     """Load a drafter for `target` from a local directory or a hub id, in the target's dtype and on
-    its device, sharing its embedding (and the lm_head of EAGLE-1 and shared-head EAGLE-3). Everything that would not fit the
-    target is refused here, before any generation; `drafter.cfg.warnings` says what was assumed.
+    its device, sharing its embedding (and the lm_head of EAGLE-1 and shared-head EAGLE-3).
+    Everything that would not fit the target is refused here, before any generation;
+    `drafter.cfg.warnings` says what was assumed.
     hot_tokens: project a shared-head EAGLE-3 onto the rows of its hot_tokens.json only: "auto" on a
     CPU target when the file is there, "on" always (the file must be there), "off" never."""
     d = resolve_drafter_dir(spec)
@@ -488,9 +489,10 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
         raise ValueError(f"hot_tokens: {hot_tokens!r}, not 'auto', 'on' or 'off'")
     hot = _read_hot_tokens(d, cfg) if hot_tokens != "off" else None
     if hot_tokens == "on" and hot is None:
-        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {d}" if not cfg.own_lm_head else
-                               f"{HOT_TOKENS_FILE}: only a head drafting through the target's lm_head reads it; this one "
-                               f"has its own lm_head over {cfg.draft_vocab_size} tokens")
+        shared = cfg.method == "eagle3" and not cfg.own_lm_head
+        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {d}" if shared else
+                               f"{HOT_TOKENS_FILE}: only an EAGLE-3 head drafting through the target's lm_head reads "
+                               f"it; this {cfg.method} head drafts over {cfg.draft_vocab_size} tokens")
     if hot is not None and (hot_tokens == "on" or target.device.type == "cpu"):
         drafter.limit_vocab(hot)
     return drafter

@@ -399,7 +399,8 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers()) if args.method == "eagle3" else ()
     hot = build_draft_vocab(answer, min(args.hot_tokens, V), V) if args.share_lm_head else None
     if hot is not None:
-        print(f"hot tokens (drafted over on a CPU): {len(hot.ids)}, covering {100 * hot.coverage:.2f}% of answer tokens")
+        print(f"hot tokens (drafted over on a CPU): {len(hot.ids)}, covering {100 * hot.coverage:.2f}% of "
+              f"answer tokens")
     run = Run(args, target, data, vocab, drafter, params, opt, aux, dist, hot)
     dist.broadcast_parameters(params)
     if state is not None:

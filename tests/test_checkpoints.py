@@ -220,7 +220,7 @@ def test_hot_tokens_are_refused_where_they_cannot_apply(tmp_path, llama):
     own = save_drafter(tiny_drafter("eagle3", target, draft_vocab_size=64), tmp_path / "own")
     write_hot_tokens(own, [1, 2, 3], 1.0, "test")
     assert load_drafter(own, target).drafting_vocab == 64  # "auto": a head of its own keeps its vocabulary
-    with pytest.raises(DrafterLoadError, match="hot_tokens.json: only a head drafting through the target's lm_head"):
+    with pytest.raises(DrafterLoadError, match="hot_tokens.json: only an EAGLE-3 head drafting through the target's"):
         load_drafter(own, target, hot_tokens="on")
     shared = save_drafter(tiny_drafter("eagle3", target, own_lm_head=False), tmp_path / "shared")
     with pytest.raises(DrafterLoadError, match="hot_tokens.json: missing"):
