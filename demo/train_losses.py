@@ -123,6 +123,66 @@ def eagle_loss(drafter, tb: TargetBatch, lm_head, noise: float = 0.0) -> tuple[t
 
 
 # ------------------------------------------------------------------------------------ EAGLE-3
+HEAD_CHUNK_ELEMENTS = 1 << 28  # logits per chunk of rows in head_cross_entropy (1 GiB in fp32)
+
+
+class _HeadCrossEntropy(torch.autograd.Function):
+    """Soft cross-entropy (plus optional top-1 cross-entropy) of an output head over chunks of rows,
+    with the gradient computed in the forward: no [N, V] tensor outlives its chunk (at V = 49,152
+    and N ~ 10^4 rows per TTT step, autograd would keep several GB per step and stream them twice)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, source, rows_b, rows_s, top, top1_weight, chunk):
+        # x [N, H]; weight [V, H]; source [B, S, V] target logits, row n at (rows_b[n], rows_s[n]); top [N] or None
+        n_rows = x.shape[0]
+        cast = not torch.is_autocast_enabled(x.device.type)  # under autocast the matmuls pick their dtype
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        picks = torch.empty(n_rows, dtype=torch.long, device=x.device)
+        grad_x = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if ctx.needs_input_grad[1] else None
+        for a in range(0, n_rows, chunk):
+            xc = x[a: a + chunk]
+            xc = xc.to(weight.dtype) if cast else xc
+            logits = F.linear(xc, weight).float()  # [c, V]
+            picks[a: a + chunk] = logits.argmax(-1)
+            lse = torch.logsumexp(logits, -1)  # [c]
+            p = torch.softmax(source[rows_b[a: a + chunk], rows_s[a: a + chunk]].float(), -1)  # [c, V]
+            loss += (lse - (p * logits).sum(-1)).sum()
+            if top is not None:
+                tc = top[a: a + chunk]
+                loss += top1_weight * (lse - logits.gather(1, tc[:, None])[:, 0]).sum()
+            g = logits.sub_(lse[:, None]).exp_().mul_(1 + (top1_weight if top is not None else 0)).sub_(p)  # dL/dlogits
+            if top is not None:
+                g[torch.arange(len(tc), device=g.device), tc] -= top1_weight
+            gc = g if not cast else g.to(weight.dtype)
+            grad_x[a: a + chunk] = (gc @ weight).float()
+            if grad_w is not None:
+                grad_w += (gc.t() @ xc).float()
+        ctx.save_for_backward(grad_x / n_rows, None if grad_w is None else grad_w / n_rows)
+        ctx.dtypes = (x.dtype, weight.dtype)
+        ctx.mark_non_differentiable(picks)
+        return loss / n_rows, picks
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_picks):
+        grad_x, grad_w = ctx.saved_tensors
+        gx = (grad_x * grad_loss).to(ctx.dtypes[0])
+        gw = None if grad_w is None else (grad_w * grad_loss).to(ctx.dtypes[1])
+        return gx, gw, None, None, None, None, None, None
+
+
+def head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, source: torch.Tensor, rows_b: torch.Tensor,
+                       rows_s: torch.Tensor, top: torch.Tensor | None = None, top1_weight: float = 0.0,
+                       chunk_elements: int = HEAD_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean over rows n of [CE(softmax(source[rows_b[n], rows_s[n]]), x[n] W^T) + top1_weight x
+    CE(onehot(top[n]), x[n] W^T)], and each row's argmax (draft id). x [N, H]; weight [V, H] (a
+    frozen target head or a trained one); source [B, S, V]; rows_b, rows_s, top [N]. Returns
+    (loss scalar fp32, picks [N] int64); equal to the plain autograd formula (tests/test_train.py)."""
+    chunk = max(1, chunk_elements // weight.shape[0])
+    return _HeadCrossEntropy.apply(x, weight, source, rows_b, rows_s, top if top1_weight else None,
+                                   float(top1_weight), chunk)
+
+
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
     """Attention of TTT step j = len(keys) - 1.
 
@@ -204,16 +264,12 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
             accs.append(total.new_zeros(()))
             continue
         rows = valid.nonzero(as_tuple=True)
-        pred = drafter.lm_head(drafter.norm(h[rows])).float()  # [N, Vd]
-        target_p = torch.softmax(restricted[rows[0], rows[1] + 1 + j].float(), -1)  # [N, Vd] renormalised
-        log_q = torch.log_softmax(pred, -1)
-        step_loss = -(target_p * log_q).sum(-1).mean()
-        if top1_weight:  # valid slots' target argmax is in the draft vocabulary
-            top = to_draft[target_top[rows[0], rows[1] + 1 + j]]  # [N]
-            step_loss = step_loss + top1_weight * F.nll_loss(log_q, top)
+        want = target_top[rows[0], rows[1] + 1 + j]  # [N] the target's argmax, in the draft vocabulary
+        top = to_draft[want] if top1_weight else None
+        step_loss, picks = head_cross_entropy(drafter.norm(h[rows]), drafter.lm_head.weight, restricted, rows[0],
+                                              rows[1] + 1 + j, top, top1_weight)  # [Vd] renormalised soft target
         total = total + TTT_DECAY ** j * step_loss
-        with torch.no_grad():
-            accs.append((draft_ids[pred.argmax(-1)] == target_top[rows[0], rows[1] + 1 + j]).float().mean())
+        accs.append((draft_ids[picks] == want).float().mean())
     return total, {"loss": total.detach(), "acc": accs, "positions": counts[0] if counts else 0}
 
 

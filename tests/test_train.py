@@ -37,6 +37,7 @@ from demo.train_losses import (
     eagle3_ttt_forward,
     eagle_forward,
     eagle_loss,
+    head_cross_entropy,
     rope_for,
     run_target,
 )
@@ -272,6 +273,33 @@ def test_shared_head_loss_is_soft_cross_entropy_through_the_targets_frozen_lm_he
     assert m["positions"] == int(valid.sum())
     loss.backward()
     assert d3.fc.weight.grad.abs().sum() > 0 and target.embed.weight.grad is None
+
+
+@pytest.mark.parametrize("top1_weight", [0.0, 0.7])
+@pytest.mark.parametrize("trained_head", [True, False])
+def test_chunked_head_cross_entropy_equals_the_autograd_formula(top1_weight, trained_head):
+    """head_cross_entropy computes loss and gradients chunk by chunk inside its forward; they must be
+    the plain formula's: mean soft CE (+ weighted CE against the top id) of x W^T, for x and W."""
+    g = torch.Generator().manual_seed(0)
+    N, H, V, B, S = 37, 16, 50, 3, 20
+    x = torch.randn(N, H, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=trained_head)
+    source = 3 * torch.randn(B, S, V, generator=g, dtype=torch.float64)
+    rb, rs = torch.randint(0, B, (N,), generator=g), torch.randint(0, S, (N,), generator=g)
+    top = torch.randint(0, V, (N,), generator=g)
+    loss, picks = head_cross_entropy(x, w, source, rb, rs, top, top1_weight, chunk_elements=7 * V)  # 6 chunks
+    loss.backward()
+    got = (loss.detach(), x.grad.clone(), None if w.grad is None else w.grad.clone())
+    x.grad = w.grad = None
+    logits = x @ w.t()
+    log_q = torch.log_softmax(logits, -1)
+    want = -(torch.softmax(source[rb, rs], -1) * log_q).sum(-1).mean() + top1_weight * F.nll_loss(log_q, top)
+    want.backward()
+    torch.testing.assert_close(got[0], want.detach().float())
+    torch.testing.assert_close(got[1], x.grad)
+    if trained_head:
+        torch.testing.assert_close(got[2], w.grad)
+    assert torch.equal(picks, logits.argmax(-1))
 
 
 def test_chain_acceptance_estimate():
