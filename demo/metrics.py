@@ -26,6 +26,9 @@ DEFINITIONS = {
     "tokens_per_s": "Generated tokens per second of engine time (prefill included, UI time excluded).",
     "draft_ms": "Mean time per step spent proposing the k draft tokens.",
     "verify_ms": "Mean time per step spent in the target's verification forward and the acceptance test.",
+    "draft_vocab": "Target tokens a draft can be: the drafter's draft vocabulary, the whole vocabulary, or (a "
+    "head drafting through the target's lm_head, on a CPU) its most frequent tokens; a token outside it is "
+    "never drafted, and the output is the target's all the same.",
 }
 
 

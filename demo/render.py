@@ -184,6 +184,8 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
              "Target forwards after the prefill; each emits accepted drafts + 1 tokens."),
         _row("tokens", str(stats["num_generated"]), "Tokens generated, the prefill's first token included."),
         _row("method · mode", f'{stats["method"]} · {stats["mode"]}', ""),
+        *([_row("drafts over", f'{stats["draft_vocab"]:,} of {stats["vocab_size"]:,} tokens', d["draft_vocab"])]
+          if stats.get("draft_vocab") else []),
         _row("device · dtype", f'{stats["device"]} · {stats["dtype"]}', ""),
     ]
     return f'<table class="sl-stats">{"".join(rows)}</table>'

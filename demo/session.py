@@ -298,7 +298,8 @@ class Session:
     def describe(self) -> dict:
         return {"model": self.name, "device": str(self.device),
                 "dtype": str(self.target.dtype).replace("torch.", ""), "max_context": self.max_context,
-                "drafters": dict(self.drafter_labels)}
+                "drafters": dict(self.drafter_labels), "vocab_size": self.target.config.vocab_size,
+                "draft_vocab": {m: d.drafting_vocab for m, d in self.drafters.items() if d is not None}}
 
     def warmup(self, modes: tuple[str, ...] = ("eager",), num_spec_tokens: int = 3) -> float:
         """One tiny generation per mode with the default method (kernels, allocations, and in
@@ -443,9 +444,10 @@ class Session:
 
 def panel_stats(session: Session, trace: RunTrace | None) -> dict:
     """The stats panel's numbers (also the API's `stats`): AcceptanceStats.summary() plus the run's
-    method, mode, device and dtype."""
+    method, mode, device and dtype, and how many of the vocabulary's tokens its drafter drafts over."""
     info = session.describe()
     if trace is None:
         return {"device": info["device"], "dtype": info["dtype"]}
     return {**trace.stats.summary(), "method": trace.method, "mode": trace.mode, "device": info["device"],
-            "dtype": info["dtype"]}
+            "dtype": info["dtype"], "draft_vocab": info["draft_vocab"].get(trace.method),
+            "vocab_size": info["vocab_size"]}

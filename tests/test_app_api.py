@@ -48,6 +48,7 @@ def test_generate_streams_steps_and_ends_with_html_and_stats(client):
     assert stats["mean_acceptance_length"] == pytest.approx(4.0)
     assert stats["acceptance_per_position"] == pytest.approx([1.0, 1.0, 1.0])
     assert {"tokens_per_s", "mean_draft_ms", "mean_verify_ms", "num_steps", "mode", "device", "dtype"} <= set(stats)
+    assert stats["draft_vocab"] == stats["vocab_size"] > 0  # EAGLE-1 drafts over the whole vocabulary
 
 
 def test_generate_refuses_bad_input_with_the_message(client):

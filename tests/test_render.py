@@ -141,11 +141,16 @@ def test_legend_shows_one_swatch_per_depth():
 def test_stats_panel_shows_numbers_with_their_definitions():
     stats = {"mean_acceptance_length": 2.5, "acceptance_per_position": [0.9, 0.5, 0.1], "tokens_per_s": 12.3,
              "mean_draft_ms": 1.5, "mean_verify_ms": 4.25, "num_steps": 10, "prefill_ms": 20.0, "num_generated": 26,
-             "method": "eagle3", "mode": "eager", "device": "cpu", "dtype": "float32"}
+             "method": "eagle3", "mode": "eager", "device": "cpu", "dtype": "float32", "draft_vocab": 16384,
+             "vocab_size": 49152}
     text = shown(render_stats(stats, DEFINITIONS)).text
-    for value in ("2.50", "1: 90%", "2: 50%", "3: 10%", "12.3", "1.5", "4.2", "10", "eagle3 · eager", "cpu · float32"):
+    for value in ("2.50", "1: 90%", "2: 50%", "3: 10%", "12.3", "1.5", "4.2", "10", "eagle3 · eager", "cpu · float32",
+                  "16,384 of 49,152 tokens"):
         assert value in text
     assert DEFINITIONS["mean_acceptance_length"] in text and DEFINITIONS["acceptance_per_position"] in text
+    assert DEFINITIONS["draft_vocab"] in text
+    target_only = shown(render_stats({**stats, "method": "none", "draft_vocab": None}, DEFINITIONS)).text
+    assert "drafts over" not in target_only
 
 
 def test_comparison_reports_speedup_and_identity():
