@@ -282,7 +282,7 @@ def format_report(report: dict) -> str:
     stats = AcceptanceStats(**t["counts"])
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
     if c.get("draft_vocab"):
-        drafter += f" (drafting over {c['draft_vocab']} tokens)"
+        drafter += f" (drafting over {c['draft_vocab']:,} tokens)"
     mode = c["mode"] + {"all": "+compile(all)", "drafter": "+compile(drafter)"}.get(c["compile"] or "", "")
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
