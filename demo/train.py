@@ -93,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hot-tokens", type=int, default=16384,
                    help="with --share-lm-head: also save this many most frequent answer tokens (hot_tokens.json), "
                         "which the drafter alone drafts over on a CPU")
+    p.add_argument("--intermediate-size", type=int, default=None,
+                   help="the drafter's MLP width (default: the --init-drafter's, else the target's); wider than "
+                        "the --init-drafter's widens it without changing what it computes (new units start silent)")
     p.add_argument("--feature-noise", type=float, default=0.2,
                    help="EAGLE-1 uniform input-feature noise, relative to the feature RMS (0: off)")
     p.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
@@ -120,6 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--share-lm-head is EAGLE-3's (EAGLE-1 always reads through the target's lm_head)")
     if args.share_lm_head and args.rebuild_draft_vocab:
         p.error("--share-lm-head drafts over the full vocabulary: there is no draft vocabulary to rebuild")
+    if args.intermediate_size is not None and args.resume:
+        p.error("--intermediate-size: a resumed run keeps its MLP width")
     if args.aux_layers is not None:
         args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
         if len(args.aux_layers) != 3:
@@ -176,18 +181,20 @@ def check_holdout(data: SequenceSet) -> str | None:
 
 # ------------------------------------------------------------------------------------ drafter
 def build_drafter(method: str, target, vocab: DraftVocab | None, init_from_target: bool, share: bool = True,
-                  aux_layers: tuple[int, ...] | None = None, share_lm_head: bool = False):
+                  aux_layers: tuple[int, ...] | None = None, share_lm_head: bool = False,
+                  intermediate_size: int | None = None):
     """A fresh drafter shaped like one target layer, in fp32 on the target's device; `share`: borrow
     the target's embedding (and the lm_head of EAGLE-1, or of EAGLE-3 with `share_lm_head`, whose
     vocabulary is then the full one) for training. A sharing drafter must never be cast: .to(dtype)
-    would cast the target's borrowed modules too."""
+    would cast the target's borrowed modules too. `intermediate_size`: the MLP width (None: the target's)."""
     tc = target.config
+    width = {"intermediate_size": intermediate_size} if intermediate_size else {}
     if method == "eagle":
-        cfg = DrafterConfig.for_target("eagle", tc)
+        cfg = DrafterConfig.for_target("eagle", tc, **width)
         drafter = EagleDrafter(cfg)
     else:
         cfg = DrafterConfig.for_target("eagle3", tc, draft_vocab_size=len(vocab.ids), own_lm_head=not share_lm_head,
-                                       aux_layer_ids=aux_layers)  # None: the target default, written as such
+                                       aux_layer_ids=aux_layers, **width)  # aux None: the target default
         drafter = Eagle3Drafter(cfg)
         if drafter.d2t is not None:
             drafter.d2t.copy_(vocab.d2t)
@@ -228,6 +235,30 @@ def carry_over_vocab(saved: dict[str, torch.Tensor], old_ids: np.ndarray, drafte
         if name in saved:
             saved[name] = getattr(drafter, name).detach().clone()
     return len(pairs)
+
+
+MLP_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")  # [I, H]: one row per MLP unit
+MLP_COLUMNS = ("mlp.down_proj.weight",)  # [H, I]: one column per MLP unit
+
+
+def mlp_width(state: dict[str, torch.Tensor]) -> int:
+    """The MLP width of a drafter state (its gate_proj rows)."""
+    return next(int(v.shape[0]) for k, v in state.items() if k.endswith(MLP_ROWS[0]))
+
+
+def widen_mlp(saved: dict[str, torch.Tensor], drafter) -> int:
+    """Fit a saved state to `drafter`'s wider MLP, in place, without changing what it computes: the
+    saved units keep their weights, new units take the drafter's fresh gate/up rows and a zero
+    down_proj column, so they add silu(g) u x 0 = 0 until training moves them. Returns the units added."""
+    fresh = own_state(drafter)
+    added = 0
+    for name, t in list(saved.items()):
+        if name.endswith(MLP_ROWS):
+            added = fresh[name].shape[0] - t.shape[0]
+            saved[name] = torch.cat((t, fresh[name][t.shape[0]:].to(t)), 0)
+        elif name.endswith(MLP_COLUMNS):
+            saved[name] = torch.cat((t, t.new_zeros(t.shape[0], fresh[name].shape[1] - t.shape[1])), 1)
+    return added
 
 
 def trainable(drafter) -> list[torch.nn.Parameter]:
@@ -340,6 +371,7 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
             raise SystemExit("--resume: the run trains an lm_head of its own; --share-lm-head starts a new run "
                              "(--init-drafter)")
         args.share_lm_head = bool(state.get("share_lm_head", False))
+        args.intermediate_size = mlp_width(state["drafter"])
 
     init = None
     if args.init_drafter:
@@ -348,6 +380,11 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
         init = load_drafter(args.init_drafter, target, method=args.method, hot_tokens="off")
         if args.method == "eagle3" and args.aux_layers is None:
             args.aux_layers = init.cfg.aux_layer_ids
+        if args.intermediate_size is None:
+            args.intermediate_size = init.cfg.intermediate_size
+        elif args.intermediate_size < init.cfg.intermediate_size:
+            raise SystemExit(f"--intermediate-size {args.intermediate_size}: narrower than {args.init_drafter}'s "
+                             f"{init.cfg.intermediate_size} (a run widens an MLP, never cuts one)")
         if args.method == "eagle3" and not init.cfg.own_lm_head:  # a head of its own would start untrained
             if args.rebuild_draft_vocab:
                 raise SystemExit(f"--rebuild-draft-vocab: {args.init_drafter} drafts over the full vocabulary "
@@ -378,12 +415,17 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     if args.aux_layers is not None:
         target.check_aux_layers(args.aux_layers)
     drafter = build_drafter(args.method, target, vocab, args.init_from_target or args.rebuild_draft_vocab,
-                            aux_layers=args.aux_layers, share_lm_head=args.share_lm_head)
+                            aux_layers=args.aux_layers, share_lm_head=args.share_lm_head,
+                            intermediate_size=args.intermediate_size)
     if init is not None:
         saved = {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()}
         if args.share_lm_head and init.cfg.own_lm_head:  # everything but the head and its vocabulary map
             saved = {k: v for k, v in saved.items() if k not in ("lm_head.weight", "d2t", "t2d")}
             print(f"lm_head dropped from {args.init_drafter}: drafting through the target's")
+        if args.intermediate_size > init.cfg.intermediate_size:
+            added = widen_mlp(saved, drafter)
+            print(f"MLP widened from {init.cfg.intermediate_size} to {args.intermediate_size} units ({added} new, "
+                  f"silent until trained)")
         if args.rebuild_draft_vocab:
             kept = carry_over_vocab(saved, draft_vocab_ids(init), drafter)
             print(f"draft vocabulary rebuilt: {kept} of {len(vocab.ids)} lm_head rows kept from {args.init_drafter}")
@@ -548,7 +590,7 @@ def _main(args, dist: Dist) -> dict:
         from demo.checkpoints import save_drafter, write_hot_tokens
 
         final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers,
-                              share_lm_head=args.share_lm_head)
+                              share_lm_head=args.share_lm_head, intermediate_size=args.intermediate_size)
         final.load_state_dict(own_state(run.drafter))
         final.to(getattr(torch, args.save_dtype)).eval()
         save_drafter(final, out)

@@ -721,6 +721,40 @@ def test_share_lm_head_starts_from_a_saved_head_without_its_lm_head(tmp_path):
         _train(target_dir, data_dir, tmp_path / "a", "eagle3", "--resume", "--share-lm-head", "--max-steps", "2")
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_a_widened_mlp_computes_what_the_narrow_one_did_and_its_new_units_learn(tmp_path, method):
+    """--intermediate-size wider than the --init-drafter's: the saved units keep their weights, the
+    new ones add nothing at first (zero down_proj columns), so the drafts are the narrow head's;
+    training then moves them, and a resumed run keeps the width."""
+    from safetensors.torch import load_file
+
+    from demo.checkpoints import load_drafter
+
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    f32 = ("--save-dtype", "float32")
+    _train(target_dir, data_dir, tmp_path / "a", method, "--max-steps", "1", *f32)
+    _train(target_dir, data_dir, tmp_path / "b", method, "--max-steps", "1", "--lr", "0", "--intermediate-size", "160",
+           "--init-drafter", str(tmp_path / "a"), *f32)
+    target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
+    narrow, wide = (load_drafter(tmp_path / d, target) for d in "ab")
+    assert (narrow.cfg.intermediate_size, wide.cfg.intermediate_size) == (96, 160)
+    prompt = [256] + list(b"Say something")
+    runs = [list(Engine(target, d, max_context=128).generate(prompt, GenerationConfig(max_new_tokens=24,
+                                                                                       num_spec_tokens=3)))
+            for d in (narrow, wide)]
+    assert [e.draft_ids for e in runs[0]] == [e.draft_ids for e in runs[1]]  # the same drafts, step by step
+    down = next(k for k in load_file(tmp_path / "b" / "model.safetensors") if k.endswith("mlp.down_proj.weight"))
+    log = _train(target_dir, data_dir, tmp_path / "c", method, "--max-steps", "2", "--intermediate-size", "160",
+                 "--init-drafter", str(tmp_path / "a"), *f32)
+    assert load_file(tmp_path / "c" / "model.safetensors")[down][:, 96:].abs().sum() > 0  # the new units learn
+    assert log["drafter"]["config"]["intermediate_size"] == 160
+    resumed = _train(target_dir, data_dir, tmp_path / "c", method, "--max-steps", "3", "--resume", *f32)
+    assert resumed["steps"] == 3 and resumed["drafter"]["config"]["intermediate_size"] == 160
+    with pytest.raises(SystemExit, match="narrower"):
+        _train(target_dir, data_dir, tmp_path / "d", method, "--max-steps", "1", "--intermediate-size", "64",
+               "--init-drafter", str(tmp_path / "a"))
+
+
 def test_rebuilt_draft_vocabulary_keeps_the_trained_rows_and_starts_new_ones_from_the_target(tmp_path):
     from safetensors.torch import load_file
 
