@@ -193,13 +193,12 @@ def _tiny_pair(method: str, vocab: int, device: str = "cpu"):
     "eagle3-hot": through three quarters of its rows, as on a CPU) and three prompts."""
     target = Target(tiny.tiny_hf("llama", seed=5, vocab_size=vocab).to(device))
     if method in ("eagle3-shared", "eagle3-hot"):
-        drafter = tiny.tiny_drafter("eagle3", target, own_lm_head=False).to(device)
-        drafter.share_target(target)
-        if method == "eagle3-hot":
-            drafter.limit_vocab(torch.randperm(vocab, generator=torch.Generator().manual_seed(3))[: vocab // 4 * 3])
+        drafter = tiny.tiny_drafter("eagle3", target, own_lm_head=False)
     else:
         drafter = tiny.tiny_drafter(method, target, draft_vocab_size=vocab // 4 * 3 if method == "eagle3" else 0)
     drafter.to(device).share_target(target)
+    if method == "eagle3-hot":
+        drafter.limit_vocab(torch.randperm(vocab, generator=torch.Generator().manual_seed(3))[: vocab // 4 * 3])
     g = torch.Generator().manual_seed(7)
     return target, drafter, [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in (5, 11, 17)]
 
