@@ -82,6 +82,8 @@ class Eagle3Drafter(DrafterBase):
         head.requires_grad_(False).weight.copy_(full[self.hot_ids])  # [N, H]
         object.__setattr__(self, "lm_head", head)  # not registered: never saved, like the target's
         self.d2t = self.hot_ids - torch.arange(len(self.hot_ids), device=self.hot_ids.device)  # [N] offsets
+        self.t2d = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=self.hot_ids.device)  # [V]
+        self.t2d[self.hot_ids] = True  # the same d2t/t2d contract as a draft vocabulary of its own
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H]."""

@@ -203,6 +203,7 @@ def test_hot_tokens_limit_a_shared_head_on_a_cpu_and_it_stays_lossless(tmp_path)
     assert full.drafting_vocab == 256 and full.lm_head is target.lm_head
     limited = load_drafter(out, target)  # the target is on the CPU: "auto" limits
     assert limited.drafting_vocab == 40 and torch.equal(limited.hot_ids, hot)
+    assert torch.equal(limited.d2t + torch.arange(40), hot) and torch.equal(limited.t2d.nonzero()[:, 0], hot)
     tokens, drafts = tokens_and_drafts(target, limited)  # the engine re-shares the target: the limit holds
     assert limited.lm_head.weight.shape == (40, 64)
     assert tokens == hf_greedy(hf) and all(d in set(hot.tolist()) for step in drafts for d in step)
