@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -89,8 +90,22 @@ def compile_step(fn: Callable[[], object]):
     points kept (inductor's emulate_precision_casts rounds fused intermediates to the tensor dtype
     where eager would), so that compiling changes time, not tokens. Without it, fused bf16 norms keep
     fp32 intermediates and flip argmax near-ties (measured on the H200: 2 of 8 prompts kept eager's
-    tokens, acceptance length 3.5 % lower)."""
-    return torch.compile(fn, fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+    tokens, acceptance length 3.5 % lower).
+
+    Each call compiles a function with a code object of its own. Dynamo keys compiled code, and its
+    recompile limit (8), on the code object, and every engine's steps are closures of the same few
+    lambdas: with a shared one, the ninth capture in one process (engines, depths, drafter swaps)
+    fails outright under fullgraph. Its own code object also frees the compiled code with the step."""
+    return torch.compile(_own_code(fn), fullgraph=True, dynamic=False, options={"emulate_precision_casts": True})
+
+
+def _own_code(fn: Callable[[], object]) -> Callable[[], object]:
+    """The same function (globals, closure, defaults) over a fresh copy of its code object."""
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"compile_step takes a plain function or lambda, not {type(fn).__name__}")
+    clone = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__ = fn.__kwdefaults__
+    return clone
 
 
 class CapturedStep:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig
+from demo.engine import Engine, GenerationConfig, compile_step
 from demo.target import Target
 from tests.tiny import OracleDrafter, corrupted_oracle, tiny_drafter, tiny_hf
 
@@ -140,3 +140,17 @@ def test_default_target_with_random_drafters_matches_generate(default_target):
         engine = Engine(target, drafter, max_context=256)
         tokens, _ = run(engine, prompt, max_new_tokens=32, num_spec_tokens=3)
         assert tokens == ref[: len(tokens)] and len(tokens) == len(ref)
+
+
+def test_one_process_compiles_the_steps_of_any_number_of_engines():
+    # every engine's captured steps are closures of the same lambdas; dynamo's recompile limit (8)
+    # counts per code object, so a shared one made the ninth compiled capture of a process fail
+    # (validate --compile over many depths, a long-lived app swapping drafters)
+    def step_over(n: int):
+        x = torch.arange(n, dtype=torch.float32)
+        return lambda: (x * 2).sum()
+
+    results = [float(compile_step(step_over(n))()) for n in range(1, 13)]  # 12 shapes: 12 compilations
+    assert results == [float(n * (n - 1)) for n in range(1, 13)]
+    with pytest.raises(TypeError, match="plain function"):
+        compile_step(torch.nn.Identity())
