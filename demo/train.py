@@ -158,18 +158,27 @@ def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True
     return (data if len(keep) == len(data) else data.select(keep)), metas
 
 
-def check_holdout(data: SequenceSet) -> str | None:
-    """Refuse data that came from a held-out ShareGPT record; returns the hold-out fingerprint
-    (None when ShareGPT is not installed or the data did not come from it)."""
+def check_holdout(data: SequenceSet, metas: list[dict]) -> str | None:
+    """Refuse data that came from a held-out ShareGPT record; returns the hold-out fingerprint, or
+    None when no sequence came from ShareGPT. The sources' recorded fingerprints must agree (one
+    split); where ShareGPT is installed every record index is checked against its split too, and
+    where it is not (the GPU machine) the recorded fingerprint is what the run keeps."""
     from demo.train_data import read_sharegpt, split_holdout
 
     sources = data.source[data.source >= 0]
     if not len(sources):
         return None
+    recorded = sorted({m["holdout_fingerprint"] for m in metas if m.get("holdout_fingerprint")})
+    if len(recorded) > 1:
+        raise SystemExit(f"training data from different hold-out splits ({', '.join(recorded)}): "
+                         "export every source's prompts with one version of demo.train_data")
     try:
         split = split_holdout(read_sharegpt())
     except FileNotFoundError:
-        return None
+        return recorded[0] if recorded else None
+    if recorded and recorded[0] != split.fingerprint():
+        raise SystemExit(f"training data recorded hold-out split {recorded[0]}, and this ShareGPT's split is "
+                         f"{split.fingerprint()}: regenerate it with this version of demo.train_data")
     allowed = np.zeros(len(split.train) + len(split.holdout), dtype=bool)
     allowed[[r.index for r in split.train]] = True
     bad = sources[(sources >= len(allowed)) | ~allowed[np.minimum(sources, len(allowed) - 1)]]
@@ -347,7 +356,7 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     data, metas = load_training_data(args.data, tok, args.max_len, args.progress)
     if not len(data):
         raise SystemExit(f"--data {args.data}: no sequence with at least 2 answer tokens")
-    fingerprint = check_holdout(data)
+    fingerprint = check_holdout(data, metas)
     answer = data.answer_tokens()
     times["load_data_s"] = time.perf_counter() - t
     print(f"data: {len(data)} sequences, {int(data.lengths.sum())} tokens, {len(answer)} answer tokens "

@@ -22,6 +22,7 @@ from demo.engine import Engine, GenerationConfig
 from demo.target import Target
 from demo.train_data import (
     Record,
+    SequenceSet,
     ShardWriter,
     build_draft_vocab,
     collate,
@@ -358,6 +359,40 @@ def test_installed_sharegpt_holdout_is_disjoint_from_training():
     assert len(split.holdout) == 1000 and not held & {r.index for r in split.train}
     assert not {r.conversation_id for r in split.holdout} & {r.conversation_id for r in split.train}
     assert not set(split.validation_prompts()) & {r.first_user_turn() for r in split.train}
+
+
+def test_training_refuses_held_out_records_and_mixed_splits_and_keeps_the_recorded_split_without_sharegpt(
+        monkeypatch):
+    from demo import train_data
+    from demo.train import check_holdout
+
+    ids = ["a_0", "b_0", "c_0", "d_0", "e_0"]
+    split = split_holdout(_records(ids, ["pa", "pb", "pc", "pd", "pe"]), n=2)  # train: records 0-2
+    monkeypatch.setattr(train_data, "read_sharegpt", lambda: _records(ids, ["pa", "pb", "pc", "pd", "pe"]))
+    monkeypatch.setattr(train_data, "split_holdout", lambda records: split_holdout(records, n=2))
+
+    def data(*sources):
+        n = len(sources)
+        return SequenceSet(tokens=np.zeros(2 * n, np.uint16), mask=np.ones(2 * n, bool),
+                           offsets=np.arange(0, 2 * n + 1, 2), source=np.array(sources))
+
+    mine = {"holdout_fingerprint": split.fingerprint()}
+    assert check_holdout(data(0, 2, -1), [mine, {}]) == split.fingerprint()
+    assert check_holdout(data(-1, -1), [{"holdout_fingerprint": "other"}]) is None  # nothing from ShareGPT
+    with pytest.raises(SystemExit, match="held-out ShareGPT records"):
+        check_holdout(data(0, 3), [mine])
+    with pytest.raises(SystemExit, match="different hold-out splits"):
+        check_holdout(data(0), [mine, {"holdout_fingerprint": "other"}])
+    with pytest.raises(SystemExit, match="recorded hold-out split other"):
+        check_holdout(data(0), [{"holdout_fingerprint": "other"}])
+
+    def absent():
+        raise FileNotFoundError("ShareGPT is not installed")
+
+    monkeypatch.setattr(train_data, "read_sharegpt", absent)  # the GPU machine: the recorded split is kept
+    assert check_holdout(data(0, 3), [mine]) == split.fingerprint()
+    with pytest.raises(SystemExit, match="different hold-out splits"):
+        check_holdout(data(0), [mine, {"holdout_fingerprint": "other"}])
 
 
 def test_draft_vocab_mapping_is_consistent():
