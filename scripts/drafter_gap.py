@@ -52,6 +52,8 @@ def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
     probs = tb.logits[0].float().softmax(-1)  # [S, V]
     same = steps = 0
     rejected = []
+    after = {"full": [], "miss": []}  # first draft accepted?, by how the previous step ended
+    previous = None
     done = prompt_len
     for e in events:
         if e.draft_ids:
@@ -60,8 +62,17 @@ def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
             if e.num_accepted == 0:
                 p = probs[done - 1]  # the target's distribution of the drafted position
                 rejected.append((int((p > p[e.draft_ids[0]]).sum()), float(p.max())))
+            if previous is not None:
+                after[previous].append(e.num_accepted > 0)
+            previous = "full" if e.num_accepted == len(e.draft_ids) else "miss"
         done += len(e.token_ids)
-    return same, steps, rejected
+    # teacher-forced step 0 over the answer, by whether the slot before drafted its own token right:
+    # the engine starts most chains right after such a miss
+    slots = torch.arange(max(prompt_len - 1, 1), seq.shape[1] - 2, device=seq.device)  # slot s predicts x[s+2]
+    hit = picks[slots] == seq[0, slots + 2]
+    prev_hit = picks[slots - 1] == seq[0, slots + 1]
+    forced = {"prev_hit": hit[prev_hit].tolist(), "prev_miss": hit[~prev_hit].tolist()}
+    return same, steps, rejected, after, forced
 
 
 def weighted(rows: list[tuple[np.ndarray, int]]) -> list[float]:
@@ -101,6 +112,8 @@ def main() -> None:
     held = [teacher_forced(drafter, tb, args.k) for tb in held_tbs]
     firsts = [first_drafts(drafter, tb, len(ids), events) for tb, (ids, _, events) in zip(held_tbs, generated)]
     agree = np.array([f[:2] for f in firsts]).sum(0)
+    after = {c: [a for f in firsts for a in f[3][c]] for c in ("full", "miss")}
+    forced = {c: [a for f in firsts for a in f[4][c]] for c in ("prev_hit", "prev_miss")}
     rejected = np.array([r for f in firsts for r in f[2]]).reshape(-1, 2)  # (rank, target's top probability)
     data = load_shards(args.train)
     rows = np.random.default_rng(1).choice(len(data), args.num, replace=False)
@@ -113,6 +126,13 @@ def main() -> None:
           f"{100 * np.mean(rejected[:, 0] == 1):.0f}%, third to fifth in {100 * np.mean((rejected[:, 0] > 1) & (rejected[:, 0] < 5)):.0f}%; "
           f"the target's top probability there: median {np.median(rejected[:, 1]):.2f} "
           f"(below 0.5 in {100 * np.mean(rejected[:, 1] < 0.5):.0f}%)")
+    print("hold-out, engine: first draft accepted after a fully accepted chain "
+          f"{np.mean(after['full']):.3f} ({len(after['full'])} steps), after a rejection {np.mean(after['miss']):.3f} "
+          f"({len(after['miss'])} steps)")
+    print("hold-out, teacher-forced step 0 over every answer slot: "
+          f"{np.mean(forced['prev_hit'] + forced['prev_miss']):.3f}; where the slot before drafted its token right "
+          f"{np.mean(forced['prev_hit']):.3f} ({len(forced['prev_hit'])}), where it missed "
+          f"{np.mean(forced['prev_miss']):.3f} ({len(forced['prev_miss'])})")
     print(f"hold-out, engine: {first_oov} of {first_rejected} rejected first drafts "
           f"({100 * first_oov / max(first_rejected, 1):.1f}%) lost to a target token outside the draft vocabulary")
     print(f"hold-out, teacher-forced accuracy per draft step (slots whose target token is in the draft "
