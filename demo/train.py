@@ -81,6 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top1-weight", type=float, default=0.0,
                    help="EAGLE-3: add this times cross-entropy against the target's argmax to the soft loss "
                         "(greedy drafts are accepted on the argmax)")
+    p.add_argument("--chain-start-weight", type=float, default=1.0,
+                   help="EAGLE-3: weigh the chains rooted where the engine would start one at T = 0 (the drafter's "
+                        "own chains on the training text) this many times the others; 1: every slot alike")
     p.add_argument("--aux-layers", default=None,
                    help="EAGLE-3 feature layers, e.g. 2,15,29 (default: the target's (2, L//2, L-3), saved as 'the "
                         "default', which vLLM and SGLang agree on; id i is the residual stream entering layer i)")
@@ -125,6 +128,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--share-lm-head drafts over the full vocabulary: there is no draft vocabulary to rebuild")
     if args.intermediate_size is not None and args.resume:
         p.error("--intermediate-size: a resumed run keeps its MLP width")
+    if args.chain_start_weight != 1.0 and args.method != "eagle3":
+        p.error("--chain-start-weight weighs EAGLE-3's unrolled chains (EAGLE-1 trains one step)")
+    if args.chain_start_weight <= 0:
+        p.error("--chain-start-weight must be positive")
     if args.aux_layers is not None:
         args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
         if len(args.aux_layers) != 3:
@@ -488,7 +495,7 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
         if args.method == "eagle":
             loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, args.feature_noise)
         else:
-            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight)
+            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight, args.chain_start_weight)
     run.opt.zero_grad(set_to_none=True)
     has_loss = loss.requires_grad  # False: no trainable slot (e.g. every target argmax outside the draft vocabulary)
     if has_loss:
@@ -548,6 +555,7 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
                 history.append(row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc'][0]:.3f}", lr=f"{lr:.1e}",
                                 **({"tau7": f"{row['chain_acceptance_k7']:.2f}"} if len(row["acc"]) > 1 else {}),
+                                **({"start0": f"{row['start_acc']:.3f}"} if row.get("start_acc") is not None else {}),
                                 tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
             bar.update(1)
             run.elapsed += dt
@@ -631,6 +639,7 @@ def _main(args, dist: Dist) -> dict:
         estimate = last["chain_acceptance_k7"]
         print(f"final window: loss {last['loss']:.4f}, accuracy per step {[round(a, 3) for a in last['acc']]}"
               + (f", chain acceptance estimate (k=7) {estimate:.2f}" if estimate is not None else "")
+              + (f", step-0 accuracy at chain starts {last['start_acc']:.3f}" if last.get("start_acc") is not None else "")
               + f", {last['tokens_per_s']:.0f} tokens/s")
     print(f"drafter saved to {out}")
     return log
@@ -644,12 +653,15 @@ class _Window:
 
     def reset(self):
         self.steps, self.loss, self.acc, self.grad, self.answer, self.padded = 0, [], [], [], 0, 0
+        self.start_acc = []
         self.start = time.perf_counter()
 
     def add(self, metrics: dict, grad_norm, answer_tokens: int, padded_tokens: int):
         self.steps += 1
         self.loss.append(metrics["loss"])
         self.acc.append(torch.stack([a.float() for a in metrics["acc"]]))
+        if metrics.get("start_acc") is not None:
+            self.start_acc.append(metrics["start_acc"])
         self.grad.append(grad_norm)
         self.answer += answer_tokens
         self.padded += padded_tokens
@@ -661,6 +673,7 @@ class _Window:
                "loss": float(torch.stack(self.loss).mean()), "acc": acc,
                "grad_norm": float(torch.stack([g.float() for g in self.grad]).mean()),
                "chain_acceptance_k7": chain_acceptance(acc, 7) if len(acc) > 1 else None,
+               "start_acc": float(torch.stack(self.start_acc).mean()) if self.start_acc else None,
                "tokens_per_s": self.padded / dt, "answer_tokens_per_s": self.answer / dt}
         self.reset()
         return row

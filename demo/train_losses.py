@@ -132,9 +132,11 @@ class _HeadCrossEntropy(torch.autograd.Function):
     and N ~ 10^4 rows per TTT step, autograd would keep several GB per step and stream them twice)."""
 
     @staticmethod
-    def forward(ctx, x, weight, source, rows_b, rows_s, top, top1_weight, chunk):
-        # x [N, H]; weight [V, H]; source [B, S, V] target logits, row n at (rows_b[n], rows_s[n]); top [N] or None
+    def forward(ctx, x, weight, source, rows_b, rows_s, top, top1_weight, chunk, row_weight):
+        # x [N, H]; weight [V, H]; source [B, S, V] target logits, row n at (rows_b[n], rows_s[n]); top [N] or None;
+        # row_weight [N] or None (the loss is then the weighted mean over rows)
         n_rows = x.shape[0]
+        total_weight = n_rows if row_weight is None else row_weight.float().sum()
         cast = not torch.is_autocast_enabled(x.device.type)  # under autocast the matmuls pick their dtype
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         picks = torch.empty(n_rows, dtype=torch.long, device=x.device)
@@ -147,40 +149,74 @@ class _HeadCrossEntropy(torch.autograd.Function):
             picks[a: a + chunk] = logits.argmax(-1)
             lse = torch.logsumexp(logits, -1)  # [c]
             p = torch.softmax(source[rows_b[a: a + chunk], rows_s[a: a + chunk]].float(), -1)  # [c, V]
-            loss += (lse - (p * logits).sum(-1)).sum()
+            row_loss = lse - (p * logits).sum(-1)  # [c]
             if top is not None:
                 tc = top[a: a + chunk]
-                loss += top1_weight * (lse - logits.gather(1, tc[:, None])[:, 0]).sum()
+                row_loss += top1_weight * (lse - logits.gather(1, tc[:, None])[:, 0])
             g = logits.sub_(lse[:, None]).exp_().mul_(1 + (top1_weight if top is not None else 0)).sub_(p)  # dL/dlogits
             if top is not None:
                 g[torch.arange(len(tc), device=g.device), tc] -= top1_weight
+            if row_weight is not None:
+                wc = row_weight[a: a + chunk].float()
+                row_loss *= wc
+                g.mul_(wc[:, None])
+            loss += row_loss.sum()
             gc = g if not cast else g.to(weight.dtype)
             grad_x[a: a + chunk] = (gc @ weight).float()
             if grad_w is not None:
                 grad_w += (gc.t() @ xc).float()
-        ctx.save_for_backward(grad_x / n_rows, None if grad_w is None else grad_w / n_rows)
+        ctx.save_for_backward(grad_x / total_weight, None if grad_w is None else grad_w / total_weight)
         ctx.dtypes = (x.dtype, weight.dtype)
         ctx.mark_non_differentiable(picks)
-        return loss / n_rows, picks
+        return loss / total_weight, picks
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_picks):
         grad_x, grad_w = ctx.saved_tensors
         gx = (grad_x * grad_loss).to(ctx.dtypes[0])
         gw = None if grad_w is None else (grad_w * grad_loss).to(ctx.dtypes[1])
-        return gx, gw, None, None, None, None, None, None
+        return gx, gw, None, None, None, None, None, None, None
 
 
 def head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, source: torch.Tensor, rows_b: torch.Tensor,
                        rows_s: torch.Tensor, top: torch.Tensor | None = None, top1_weight: float = 0.0,
-                       chunk_elements: int = HEAD_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+                       chunk_elements: int = HEAD_CHUNK_ELEMENTS,
+                       row_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """mean over rows n of [CE(softmax(source[rows_b[n], rows_s[n]]), x[n] W^T) + top1_weight x
-    CE(onehot(top[n]), x[n] W^T)], and each row's argmax (draft id). x [N, H]; weight [V, H] (a
-    frozen target head or a trained one); source [B, S, V]; rows_b, rows_s, top [N]. Returns
-    (loss scalar fp32, picks [N] int64); equal to the plain autograd formula (tests/test_train.py)."""
+    CE(onehot(top[n]), x[n] W^T)] (weighted by row_weight [N] if given), and each row's argmax
+    (draft id). x [N, H]; weight [V, H] (a frozen target head or a trained one); source [B, S, V];
+    rows_b, rows_s, top [N]. Returns (loss scalar fp32, picks [N] int64); equal to the plain autograd
+    formula (tests/test_train.py)."""
     chunk = max(1, chunk_elements // weight.shape[0])
     return _HeadCrossEntropy.apply(x, weight, source, rows_b, rows_s, top if top1_weight else None,
-                                   float(top1_weight), chunk)
+                                   float(top1_weight), chunk, row_weight)
+
+
+def head_argmax(x: torch.Tensor, weight: torch.Tensor, chunk_elements: int = HEAD_CHUNK_ELEMENTS) -> torch.Tensor:
+    """argmax of x W^T over chunks of rows, without gradients. x [N, H]; weight [V, H]. Returns [N] int64."""
+    chunk = max(1, chunk_elements // weight.shape[0])
+    with torch.no_grad():
+        return torch.cat([F.linear(x[a: a + chunk], weight).argmax(-1) for a in range(0, x.shape[0], chunk)])
+
+
+def chain_starts(hits: torch.Tensor, valid: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """The slots where the engine starts a chain at T = 0 on this text, found by pointer doubling.
+
+    hits [B, S, k] bool: the chain rooted at slot i drafts its j-th token as the text has it (False
+    where it has no step j); valid [B, S] bool: slots the engine drafts from (the text goes on);
+    first [B, S] bool: each answer's first slot (the target wrote the token before it, as prefill
+    does). A chain rooted at slot i accepts its leading hits L (0..k) and the next one is rooted at
+    slot i + L + 1; a walk ends where the text does. Returns [B, S] bool: every slot a walk visits."""
+    B, S, _ = hits.shape
+    accepted = hits.int().cumprod(-1).sum(-1)  # [B, S] leading hits
+    slot = torch.arange(S, device=hits.device)
+    end = torch.full((B, 1), S, dtype=torch.long, device=hits.device)  # column S: past the end, maps to itself
+    jump = torch.cat([torch.where(valid, (slot + accepted + 1).clamp(max=S), S), end], 1)  # [B, S + 1]
+    seen = torch.cat([first & valid, torch.zeros_like(end, dtype=torch.bool)], 1).to(torch.uint8)
+    for _ in range(S.bit_length()):  # round m adds the slots 2^m .. 2^(m+1) - 1 chains down every walk
+        seen = seen.scatter_reduce(1, jump, seen, reduce="amax")
+        jump = jump.gather(1, jump)
+    return seen[:, :S].bool() & valid
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
@@ -231,10 +267,14 @@ def eagle3_ttt_forward(drafter, tokens: torch.Tensor, features: torch.Tensor, st
     return outs
 
 
-def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0.0,
+                chain_start_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
     """EAGLE-3 TTT loss on one batch: sum_j 0.8^j x (soft CE over the draft vocabulary + top1_weight
-    x CE against the target's argmax), each step averaged over its valid slots. Returns (loss,
-    metrics with per-step accuracy acc[j])."""
+    x CE against the target's argmax), each step averaged over its valid slots; with
+    chain_start_weight W != 1 the chains rooted where the engine would start one on this text (the
+    drafter's own chains at T = 0, see chain_starts) weigh W times the others. Returns (loss,
+    metrics with per-step accuracy acc[j], and start_acc: step-0 accuracy at those chain starts, the
+    training-side estimate of the engine's acceptance at token 0)."""
     B, S = tb.tokens.shape
     dev = tb.tokens.device
     draft_ids = torch.arange(drafter.cfg.draft_vocab_size, device=dev)  # [Vd] target ids of the draft vocabulary
@@ -252,12 +292,32 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
     if top1_weight:
         to_draft = torch.full((drafter.cfg.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] target id -> draft id
         to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)
-    total = tb.features.new_zeros((), dtype=torch.float32)
-    accs, counts = [], []
-    for j, h in enumerate(outs):
-        # slot i at step j predicts x[i+2+j] from the target's position i+1+j
+    # slot i at step j predicts x[i+2+j] from the target's position i+1+j
+    valids = []
+    for j in range(len(outs)):
         valid = shifted_mask[:, 2 + j: 2 + j + S] & in_draft[target_top[:, 1 + j: 1 + j + S]]  # [B, S]
         valid[:, max(S - 1 - j, 0):] = False  # the target position i+1+j must exist
+        valids.append(valid)
+    text = tokens[:, 2: 2 + S + len(outs)]  # text[:, i + j] = x[i+2+j]
+    drafts_here = shifted_mask[:, 2: 2 + S].clone()  # [B, S] slots the engine drafts from: x[i+2] is an answer token
+    drafts_here[:, max(S - 1, 0):] = False
+    first = tb.mask & ~F.pad(tb.mask, (1, 0))[:, :S]  # [B, S] an answer's first token at position a ...
+    first = F.pad(first[:, 1:], (0, 1))  # ... roots its first chain at slot a - 1
+
+    def starts_of(drafted: list[torch.Tensor]) -> torch.Tensor:  # drafted[j] [B, S] target ids (-1: none)
+        hits = torch.stack([d == text[:, j: j + S] for j, d in enumerate(drafted)], -1)  # [B, S, steps]
+        return chain_starts(hits, drafts_here, first)
+
+    weights = None
+    if chain_start_weight != 1.0 and outs:
+        with torch.no_grad():  # where the drafter, as it is, would start chains: one argmax pass per step
+            drafted = [torch.where(v, draft_ids[head_argmax(drafter.norm(h).flatten(0, 1), drafter.lm_head.weight)]
+                                   .view(B, S), -1) for v, h in zip(valids, outs)]
+            weights = 1.0 + (chain_start_weight - 1.0) * starts_of(drafted).float()  # [B, S]
+    total = tb.features.new_zeros((), dtype=torch.float32)
+    accs, counts = [], []
+    drafted = [torch.full((B, S), -1, dtype=torch.long, device=dev) for _ in outs]
+    for j, (h, valid) in enumerate(zip(outs, valids)):
         n = int(valid.sum())
         counts.append(n)
         if n == 0:
@@ -267,10 +327,18 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
         want = target_top[rows[0], rows[1] + 1 + j]  # [N] the target's argmax, in the draft vocabulary
         top = to_draft[want] if top1_weight else None
         step_loss, picks = head_cross_entropy(drafter.norm(h[rows]), drafter.lm_head.weight, restricted, rows[0],
-                                              rows[1] + 1 + j, top, top1_weight)  # [Vd] renormalised soft target
+                                              rows[1] + 1 + j, top, top1_weight,  # [Vd] renormalised soft target
+                                              row_weight=None if weights is None else weights[rows])
         total = total + TTT_DECAY ** j * step_loss
         accs.append((draft_ids[picks] == want).float().mean())
-    return total, {"loss": total.detach(), "acc": accs, "positions": counts[0] if counts else 0}
+        drafted[j][rows] = draft_ids[picks]
+    metrics = {"loss": total.detach(), "acc": accs, "positions": counts[0] if counts else 0}
+    if outs:
+        with torch.no_grad():
+            starts = starts_of(drafted)
+            metrics["start_acc"] = (drafted[0] == text[:, :S])[starts].float().mean() if starts.any() else None
+            metrics["chain_starts"] = starts  # [B, S] bool
+    return total, metrics
 
 
 def chain_acceptance(accs: list[float], k: int) -> float:

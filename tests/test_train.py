@@ -275,11 +275,13 @@ def test_shared_head_loss_is_soft_cross_entropy_through_the_targets_frozen_lm_he
     assert d3.fc.weight.grad.abs().sum() > 0 and target.embed.weight.grad is None
 
 
+@pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("top1_weight", [0.0, 0.7])
 @pytest.mark.parametrize("trained_head", [True, False])
-def test_chunked_head_cross_entropy_equals_the_autograd_formula(top1_weight, trained_head):
+def test_chunked_head_cross_entropy_equals_the_autograd_formula(top1_weight, trained_head, weighted):
     """head_cross_entropy computes loss and gradients chunk by chunk inside its forward; they must be
-    the plain formula's: mean soft CE (+ weighted CE against the top id) of x W^T, for x and W."""
+    the plain formula's: mean soft CE (+ weighted CE against the top id) of x W^T, for x and W, and
+    with row weights their weighted mean."""
     g = torch.Generator().manual_seed(0)
     N, H, V, B, S = 37, 16, 50, 3, 20
     x = torch.randn(N, H, generator=g, dtype=torch.float64, requires_grad=True)
@@ -287,19 +289,76 @@ def test_chunked_head_cross_entropy_equals_the_autograd_formula(top1_weight, tra
     source = 3 * torch.randn(B, S, V, generator=g, dtype=torch.float64)
     rb, rs = torch.randint(0, B, (N,), generator=g), torch.randint(0, S, (N,), generator=g)
     top = torch.randint(0, V, (N,), generator=g)
-    loss, picks = head_cross_entropy(x, w, source, rb, rs, top, top1_weight, chunk_elements=7 * V)  # 6 chunks
+    rw = 1 + 3 * torch.rand(N, generator=g, dtype=torch.float64) if weighted else None
+    loss, picks = head_cross_entropy(x, w, source, rb, rs, top, top1_weight, chunk_elements=7 * V,  # 6 chunks
+                                     row_weight=rw)
     loss.backward()
     got = (loss.detach(), x.grad.clone(), None if w.grad is None else w.grad.clone())
     x.grad = w.grad = None
     logits = x @ w.t()
     log_q = torch.log_softmax(logits, -1)
-    want = -(torch.softmax(source[rb, rs], -1) * log_q).sum(-1).mean() + top1_weight * F.nll_loss(log_q, top)
+    per_row = -(torch.softmax(source[rb, rs], -1) * log_q).sum(-1) + top1_weight * F.nll_loss(log_q, top, reduction="none")
+    want = per_row.mean() if rw is None else (per_row * rw).sum() / rw.sum()
     want.backward()
     torch.testing.assert_close(got[0], want.detach().float())
     torch.testing.assert_close(got[1], x.grad)
     if trained_head:
         torch.testing.assert_close(got[2], w.grad)
     assert torch.equal(picks, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle3-shared"])
+def test_training_walks_the_engines_chains_and_measures_its_acceptance_at_token_0(method):
+    """--chain-start-weight trains where the engine drafts: on the engine's own greedy text the
+    training walk visits exactly the slots where the engine rooted its chains, and step-0 accuracy
+    there is the engine's acceptance at token 0 (the metric the training log reports)."""
+    k = 3
+    target, drafter, prompts = _tiny_pair(method, 8)  # 8 tokens: chains of every length occur
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
+    engine = Engine(target, drafter, max_context=128)
+    runs = [list(engine.generate(p, GenerationConfig(max_new_tokens=60, num_spec_tokens=k, stop_token_ids=())))
+            for p in prompts]  # first: the training forward resizes the target's cache
+    lengths = set()
+    for prompt, events in zip(prompts, runs):
+        answer = [t for e in events for t in e.token_ids]
+        roots, first_accepted, done = [], [], len(prompt)
+        for e in events:
+            if e.draft_ids:  # drafted text position `done`: the chain is rooted at slot done - 2
+                roots.append(done - 2)
+                first_accepted.append(e.num_accepted > 0)
+                lengths.add(e.num_accepted)
+            done += len(e.token_ids)
+        seq = torch.tensor([prompt + answer])
+        tb = run_target(target, seq, torch.tensor([[False] * len(prompt) + [True] * len(answer)]), aux)
+        with torch.no_grad():
+            _, m = eagle3_loss(drafter, tb, steps=k)
+        walked = m["chain_starts"][0].nonzero()[:, 0].tolist()
+        assert walked == roots[: len(walked)] and len(roots) - len(walked) <= 1  # the engine's last step may
+        # draft past the text's end, where the training text gives no target
+        assert float(m["start_acc"]) == pytest.approx(np.mean(first_accepted[: len(walked)]))
+    assert {0, k} <= lengths and len(lengths) >= 3  # rejections at the first draft, full chains, partial ones
+
+
+def test_chain_start_weight_weighs_the_chains_the_engine_would_draft():
+    target, drafter, _ = _tiny_pair("eagle3-shared", VOCAB)
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=g)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[0, 10:] = True
+    mask[1, 5:20] = mask[1, 26:] = True  # two answers in one sequence: two walks
+    tb = run_target(target, tokens, mask, aux)
+    plain, m = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5)
+    same, _ = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5, chain_start_weight=1.0)
+    assert torch.equal(plain, same)
+    starts = m["chain_starts"]
+    assert starts[0, 9] and starts[1, 4] and starts[1, 25] and not starts[0, :9].any()  # each answer's first slot
+    weighted, _ = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5, chain_start_weight=4.0)
+    assert not torch.allclose(weighted, plain)
+    drafter.fc.weight.requires_grad_(True)
+    weighted, _ = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5, chain_start_weight=4.0)
+    weighted.backward()
+    assert drafter.fc.weight.grad.abs().sum() > 0
 
 
 def test_chain_acceptance_estimate():
@@ -618,8 +677,10 @@ def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
     shared = method == "eagle3-shared"
     method = "eagle3" if shared else method
     log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3",
-                 *(["--share-lm-head", "--hot-tokens", "40"] * shared))
+                 *(["--share-lm-head", "--hot-tokens", "40", "--top1-weight", "1", "--chain-start-weight", "3"] * shared))
     assert log["steps"] == 3 and log["stop_reason"] == "max_steps"
+    if method == "eagle3":  # the training-side estimate of acceptance at token 0, logged every window
+        assert all(0 <= row["start_acc"] <= 1 for row in log["history"])
     assert set(log["times"]) >= {"load_target_s", "load_data_s", "train_s", "save_s"}
     assert json.loads((tmp_path / "out" / "train_log.json").read_text())["steps"] == 3
     target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
