@@ -212,7 +212,7 @@ def chain_starts(hits: torch.Tensor, valid: torch.Tensor, first: torch.Tensor) -
     slot = torch.arange(S, device=hits.device)
     end = torch.full((B, 1), S, dtype=torch.long, device=hits.device)  # column S: past the end, maps to itself
     jump = torch.cat([torch.where(valid, (slot + accepted + 1).clamp(max=S), S), end], 1)  # [B, S + 1]
-    seen = torch.cat([first & valid, torch.zeros_like(end, dtype=torch.bool)], 1).to(torch.uint8)
+    seen = torch.cat([first & valid, torch.zeros_like(end, dtype=torch.bool)], 1).float()  # 0/1: amax is an or
     for _ in range(S.bit_length()):  # round m adds the slots 2^m .. 2^(m+1) - 1 chains down every walk
         seen = seen.scatter_reduce(1, jump, seen, reduce="amax")
         jump = jump.gather(1, jump)

@@ -312,10 +312,14 @@ def test_training_walks_the_engines_chains_and_measures_its_acceptance_at_token_
     """--chain-start-weight trains where the engine drafts: on the engine's own greedy text the
     training walk visits exactly the slots where the engine rooted its chains, and step-0 accuracy
     there is the engine's acceptance at token 0 (the metric the training log reports)."""
+    _training_walks_the_engines_chains(method, "cpu")
+
+
+def _training_walks_the_engines_chains(method: str, device: str, mode: str = "eager"):
     k = 3
-    target, drafter, prompts = _tiny_pair(method, 8)  # 8 tokens: chains of every length occur
+    target, drafter, prompts = _tiny_pair(method, 8, device)  # 8 tokens: chains of every length occur
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
-    engine = Engine(target, drafter, max_context=128)
+    engine = Engine(target, drafter, mode=mode, max_context=128)
     runs = [list(engine.generate(p, GenerationConfig(max_new_tokens=60, num_spec_tokens=k, stop_token_ids=())))
             for p in prompts]  # first: the training forward resizes the target's cache
     lengths = set()
@@ -328,8 +332,9 @@ def test_training_walks_the_engines_chains_and_measures_its_acceptance_at_token_
                 first_accepted.append(e.num_accepted > 0)
                 lengths.add(e.num_accepted)
             done += len(e.token_ids)
-        seq = torch.tensor([prompt + answer])
-        tb = run_target(target, seq, torch.tensor([[False] * len(prompt) + [True] * len(answer)]), aux)
+        seq = torch.tensor([prompt + answer], device=device)
+        mask = torch.tensor([[False] * len(prompt) + [True] * len(answer)], device=device)
+        tb = run_target(target, seq, mask, aux)
         with torch.no_grad():
             _, m = eagle3_loss(drafter, tb, steps=k)
         walked = m["chain_starts"][0].nonzero()[:, 0].tolist()
@@ -947,6 +952,11 @@ def test_cuda_graph_drafts_exactly_what_the_training_forward_predicts(method, co
 
 
 @cuda
+def test_cuda_training_walks_the_graphed_engines_chains():
+    _training_walks_the_engines_chains("eagle3-shared", "cuda", mode="cudagraph")
+
+
+@cuda
 def test_cuda_graph_regeneration_equals_eager():
     hf = tiny_hf(seed=3).to("cuda", torch.bfloat16)
     target = Target(hf)
@@ -988,9 +998,11 @@ def test_cuda_training_run_in_bf16(tmp_path, method):
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
     shared = method == "eagle3-shared"
     method = "eagle3" if shared else method
-    _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3", *(["--share-lm-head"] * shared),
-           device="cuda")
+    _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3",
+           *(["--share-lm-head", "--top1-weight", "1", "--chain-start-weight", "3"] * shared), device="cuda")
     log = json.loads((tmp_path / "out" / "train_log.json").read_text())
     assert log["steps"] == 3 and all(np.isfinite(r["loss"]) for r in log["history"])
+    if method == "eagle3":
+        assert all(0 <= r["start_acc"] <= 1 for r in log["history"])
     target = Target(LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to("cuda").eval())
     assert load_drafter(tmp_path / "out", target, method=method).cfg.method == method
