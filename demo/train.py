@@ -34,6 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import schedule as profiler_schedule
+
 from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
@@ -42,6 +45,7 @@ from demo.train_dist import Dist, init_from_env
 from demo.train_losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
 
 STATE_FILE = "checkpoint/train_state.pt"
+PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 5, 2, 5  # --profile: steps skipped, warmed up, recorded
 LOG_FILE = "train_log.json"
 
 
@@ -68,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="auto")
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--profile", action="store_true",
+                   help=f"profile training steps {PROFILE_WAIT + PROFILE_WARMUP + 1} to "
+                        f"{PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE} (torch.profiler) into OUT/profile.txt")
     p.add_argument("--time-budget-min", type=float, default=None, help="stop (and save) after this much training")
     p.add_argument("--epochs", type=float, default=None, help="stop after this many passes over the data")
     p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch")
@@ -486,12 +493,15 @@ def restore(run: Run, state: dict) -> None:
 def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor, int, int]:
     """One optimiser step on the sequences `idx`; returns (metrics, grad norm, answer tokens, padded tokens)."""
     args, dev = run.args, run.target.device
-    tokens, mask = collate(run.data, idx, args.max_len)  # [B, S] each
-    tokens, mask = tokens.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
+    with record_function("batch"):
+        tokens, mask = collate(run.data, idx, args.max_len)  # [B, S] each
+        tokens, mask = tokens.to(dev, non_blocking=True), mask.to(dev, non_blocking=True)
     for g in run.opt.param_groups:
         g["lr"] = lr
-    tb = run_target(run.target, tokens, mask, run.aux)
-    with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext():
+    with record_function("target_forward"):
+        tb = run_target(run.target, tokens, mask, run.aux)
+    with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext(), \
+            record_function("drafter_forward_and_loss"):
         if args.method == "eagle":
             loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, args.feature_noise)
         else:
@@ -499,12 +509,37 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
     run.opt.zero_grad(set_to_none=True)
     has_loss = loss.requires_grad  # False: no trainable slot (e.g. every target argmax outside the draft vocabulary)
     if has_loss:
-        loss.backward()
+        with record_function("backward"):
+            loss.backward()
     if not run.dist.average_gradients(run.params, has_loss):  # one rank steps only when all do
         return metrics, torch.zeros((), device=dev), int(mask.sum()), tokens.numel()
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.params, args.grad_clip)
-    run.opt.step()
+    with record_function("optimizer"):
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.params, args.grad_clip)
+        run.opt.step()
     return metrics, grad_norm, int(mask.sum()), tokens.numel()
+
+
+def _profiler(run: Run):
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.target.device.type == "cuda" else [])
+    p = profile(activities=activities, schedule=profiler_schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP,
+                                                                  active=PROFILE_ACTIVE, repeat=1))
+    p.start()
+    return p
+
+
+def _write_profile(p, run: Run) -> None:
+    """Stop the profiler and write where the recorded steps spent their time to OUT/profile.txt:
+    the step's stages (batch, target_forward, drafter_forward_and_loss, backward, optimizer) and the
+    operators, by total and by self time on the device (CPU time on a CPU)."""
+    p.stop()
+    on = "device" if run.target.device.type == "cuda" else "cpu"
+    table = p.key_averages()
+    text = (f"{PROFILE_ACTIVE} training steps after {PROFILE_WAIT + PROFILE_WARMUP}, {run.args.method}, "
+            f"{run.target.device}\n\nby total {on} time\n" + table.table(sort_by=f"{on}_time_total", row_limit=30)
+            + f"\n\nby self {on} time\n" + table.table(sort_by=f"self_{on}_time_total", row_limit=30) + "\n")
+    if run.dist.is_main:
+        (Path(run.args.out) / "profile.txt").write_text(text)
+        print(f"profile of {PROFILE_ACTIVE} steps written to {Path(run.args.out) / 'profile.txt'}")
 
 
 def train_loop(run: Run) -> tuple[list[dict], str]:
@@ -530,6 +565,7 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
                disable=not (args.progress and run.dist.is_main),
                dynamic_ncols=True, mininterval=2.0)
     stop_reason = None
+    profiler = _profiler(run) if args.profile else None
     while stop_reason is None:
         order = run.dist.shard(length_batches(lengths, args.batch_tokens, np.random.default_rng([args.seed, run.epoch])))
         if not order:  # fewer batches than ranks: no rank would ever step
@@ -559,6 +595,10 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
                                 tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
             bar.update(1)
             run.elapsed += dt
+            if profiler is not None and profiler.step_num < PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE:
+                profiler.step()
+                if profiler.step_num == PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE:
+                    _write_profile(profiler, run)
             if run.dist.is_main and time.perf_counter() - last_save > 60 * args.save_every_min:
                 save_state(Path(args.out) / STATE_FILE, run)
                 last_save = time.perf_counter()

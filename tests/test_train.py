@@ -709,6 +709,16 @@ def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
     assert sum(len(e.token_ids) for e in events) == 6
 
 
+def test_profile_records_where_a_training_step_spends_its_time(tmp_path):
+    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    log = _train(target_dir, data_dir, tmp_path / "out", "eagle3", "--max-steps", "14", "--profile")
+    assert log["steps"] == 14  # profiling leaves training as it is
+    text = (tmp_path / "out" / "profile.txt").read_text()
+    assert text.startswith("5 training steps after 7, eagle3")
+    for stage in ("target_forward", "drafter_forward_and_loss", "backward", "optimizer"):
+        assert stage in text
+
+
 def test_resume_continues_from_the_saved_step(tmp_path):
     """3 steps, then --resume to 5, gives exactly the weights of 5 steps in one go (constant lr,
     EAGLE-1 with feature noise, so data order and RNG must both be restored)."""
