@@ -560,7 +560,7 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
         return max([0.0] + ([run.step / max_steps] if max_steps else []) + ([run.elapsed / budget_s] if budget_s else []))
 
     history, window = [], _Window()
-    last_save = time.perf_counter()
+    last_save = last_print = time.perf_counter()
     bar = tqdm(total=max_steps, initial=run.step, desc=f"train {args.method}", unit="step",
                disable=not (args.progress and run.dist.is_main),
                dynamic_ncols=True, mininterval=2.0)
@@ -593,6 +593,13 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
                                 **({"tau7": f"{row['chain_acceptance_k7']:.2f}"} if len(row["acc"]) > 1 else {}),
                                 **({"start0": f"{row['start_acc']:.3f}"} if row.get("start_acc") is not None else {}),
                                 tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+                if not args.progress and time.perf_counter() - last_print > 60:  # a log file's progress line
+                    last_print = time.perf_counter()
+                    print(f"step {run.step}, {run.elapsed / 60:.1f} min: loss {row['loss']:.3f}, "
+                          f"acc0 {row['acc'][0]:.3f}"
+                          + (f", step-0 accuracy at chain starts {row['start_acc']:.3f}"
+                             if row.get("start_acc") is not None else "")
+                          + f", {row['tokens_per_s']:.0f} tokens/s", flush=True)
             bar.update(1)
             run.elapsed += dt
             if profiler is not None and profiler.step_num < PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE:
