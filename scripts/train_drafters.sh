@@ -30,6 +30,7 @@ TRAIN3B_ARGS=${TRAIN3B_ARGS:-}       # an A/B variant: a second EAGLE-3 ($W/eagl
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
+INIT3B=${INIT3B:-$INIT3}             # where the A/B variant eagle3b starts (default: where eagle3 does)
 INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
 VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
 VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
@@ -117,7 +118,7 @@ if has_stage train; then
   elif [ "$NGPU" -ge 2 ]; then
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3" &
     { train 1 eagle "$TRAIN1_MIN" "$INIT1"
-      [ -n "$TRAIN3B_ARGS" ] && train 1 eagle3 "$TRAIN3_MIN" "$INIT3" eagle3b "$TRAIN3B_ARGS"
+      [ -n "$TRAIN3B_ARGS" ] && train 1 eagle3 "$TRAIN3_MIN" "$INIT3B" eagle3b "$TRAIN3B_ARGS"
       has_stage modes && [[ " $MODES_METHODS " == *" none "* ]] && modes 1 none; } &
     wait
   else
