@@ -13,8 +13,10 @@ deeper run). Metrics use demo/metrics.py's definitions: mean acceptance length i
 target's own token; acceptance at token i is the share of steps with at least i+1 drafts accepted.
 Graph mode changes nothing but time, so ``--mode cudagraph`` gives the same table faster on a GPU.
 
-Runs split over processes or GPUs (one --ks / --temperatures / --drafter subset each, same prompts)
-are joined into one table with ``python -m demo.validate --merge a.json b.json ... --json all.json``.
+Runs split over processes or GPUs (one --ks / --temperatures / --drafter subset each, same prompts,
+or one ``--shard I/N`` of the prompts each) are joined into one table with ``python -m
+demo.validate --merge a.json b.json ... --json all.json``: shards of a row add up to the row the
+whole prompt set gives, count for count (sampling seeds follow each prompt's place in the set).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="speculation depths, comma-separated")
     p.add_argument("--temperatures", default="0,1", help="comma-separated")
     p.add_argument("--seed", type=int, default=0, help="prompt subsample and T>0 sampling seed")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run every N-th prompt of the subsample from the I-th (0-based); --merge joins the N shards")
     p.add_argument("--json", default=None, metavar="OUT")
     p.add_argument("--markdown", default=None, metavar="OUT", help="also write the table here")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -65,6 +69,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.temperatures = [float(t) for t in args.temperatures.split(",")]
     if any(not 1 <= k <= 32 for k in args.ks):
         p.error("--ks must be in 1..32")
+    if args.shard is not None:
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            p.error("--shard takes I/N, e.g. 0/4")
+        if not 0 <= i < n:
+            p.error(f"--shard {args.shard}: I must be in 0..N-1")
+        args.shard = (i, n)
     return args
 
 
@@ -86,13 +98,16 @@ def holdout_prompt_ids(tokenizer, num: int | None, max_tokens: int, seed: int,
     return ids, fingerprint
 
 
-def run(engine, prompts: list[list[int]], k: int, temperature: float, max_new_tokens: int, seed: int, bar=None):
-    """Merged AcceptanceStats of one (k, T) over all prompts."""
+def run(engine, prompts: list[list[int]], k: int, temperature: float, max_new_tokens: int, seed: int, bar=None,
+        places: list[int] | None = None):
+    """Merged AcceptanceStats of one (k, T) over all prompts. places: each prompt's index in the
+    whole prompt set (default 0, 1, ...), which seeds its sampling, so a shard samples as the whole
+    set does."""
     from demo.engine import GenerationConfig
     from demo.metrics import AcceptanceStats
 
     total = AcceptanceStats(num_spec_tokens=k)
-    for i, ids in enumerate(prompts):
+    for i, ids in zip(places or range(len(prompts)), prompts):
         gen = GenerationConfig(max_new_tokens=max_new_tokens, num_spec_tokens=k, temperature=temperature,
                                seed=seed + i)
         last = deque(engine.generate(ids, gen), maxlen=1)[0]  # run to the end; the last event has the totals
@@ -124,11 +139,56 @@ def _compiled(row: dict) -> str:
 SAME_IN_MERGED = ("prompts", "holdout_fingerprint", "max_new_tokens", "max_prompt_tokens", "seed", "mode", "dtype")
 
 
+COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_steps", "num_generated")
+
+
+def _row_stats(row: dict):
+    """The AcceptanceStats totals a report row was made from."""
+    from demo.metrics import AcceptanceStats
+
+    return AcceptanceStats(num_spec_tokens=row["k"], **{c: row[c] for c in COUNTS},
+                           accepted_per_position=list(row["accepted_per_position"]),
+                           draft_ms_total=row["mean_draft_ms"] * row["num_steps"],
+                           verify_ms_total=row["mean_verify_ms"] * row["num_steps"],
+                           prefill_ms=row["prefill_ms"], elapsed_s=row["elapsed_s"])
+
+
+def _join_shards(reports: list[dict]) -> list[dict]:
+    """Reports of prompt shards (--shard I/N) become one report per (row, mode), their counts
+    added; every shard 0..N-1 of a row must be there exactly once."""
+    whole = [r for r in reports if not r.get("shard")]
+    parts: dict[tuple, dict[int, tuple[dict, dict]]] = {}
+    for r in reports:
+        if not r.get("shard"):
+            continue
+        i, n = r["shard"]
+        for row in r["runs"]:
+            key = (row["path"], row["temperature"], row["k"], _compiled(row), row.get("mode", r["mode"]), n)
+            if i in parts.setdefault(key, {}):
+                raise SystemExit(f"--merge: shard {i}/{n} of {key[:4]} given twice")
+            parts[key][i] = (r, row)
+    for key, shards in parts.items():
+        n = key[-1]
+        if sorted(shards) != list(range(n)):
+            raise SystemExit(f"--merge: {key[:4]} ({key[4]}) has shards {sorted(shards)} of {n}")
+        total = _row_stats(shards[0][1])
+        for i in range(1, n):
+            total.merge(_row_stats(shards[i][1]))
+        first_report, first_row = shards[0]
+        row = {**first_row, **total.summary(), "accepted_per_position": total.accepted_per_position,
+               "seconds": sum(row["seconds"] for _, row in shards.values()), "shards": n}
+        whole.append({**{k: v for k, v in first_report.items() if k != "shard"}, "mode": key[4],
+                      "seconds": row["seconds"], "runs": [row]})
+    return whole
+
+
 def merge_reports(reports: list[dict]) -> dict:
     """One report from runs split over processes: the settings must agree (same prompts, tokens,
-    seed); rows are ordered by drafter, temperature, k. A (drafter, T, k) given twice must have
-    given the same numbers (as a graph and an eager run do); it is kept once. Compiled runs are
-    rows of their own (compilation may change the numerics)."""
+    seed); rows are ordered by drafter, temperature, k. Prompt shards of a row are added up first.
+    A (drafter, T, k) given twice must have given the same numbers (as a graph and an eager run
+    do); it is kept once. Compiled runs are rows of their own (compilation may change the
+    numerics)."""
+    reports = _join_shards(reports)
     first = reports[0]
     for r in reports[1:]:
         for key in SAME_IN_MERGED:
@@ -186,13 +246,19 @@ def main(argv=None) -> dict:
     hf, tok = load_target(args.target, args.device, args.dtype)
     target = Target(hf)
     prompts, fingerprint = holdout_prompt_ids(tok, args.num_prompts, args.max_prompt_tokens, args.seed, args.prompts)
+    subsample = len(prompts)
+    places = list(range(subsample))
+    if args.shard is not None:  # every N-th prompt: shards of about equal length
+        places = places[args.shard[0]::args.shard[1]]
+        prompts = [prompts[i] for i in places]
     max_context = max(len(p) for p in prompts) + args.max_new_tokens + max(args.ks) + 1
     drafters = [(spec, load_drafter(spec, target, method=args.method, hot_tokens=args.hot_tokens))
                 for spec in args.drafter]
     engine = Engine(target, drafters[0][1], mode=args.mode, compile=args.compile,
                     max_context=max(max_context, 2048))
-    print(f"{len(prompts)} hold-out prompts (fingerprint {fingerprint}), max_new_tokens {args.max_new_tokens}, "
-          f"mode {args.mode}, {target.device}")
+    print(f"{len(prompts)} hold-out prompts (fingerprint {fingerprint})"
+          + (f", shard {args.shard[0]}/{args.shard[1]} of {subsample}" if args.shard else "")
+          + f", max_new_tokens {args.max_new_tokens}, mode {args.mode}, {target.device}")
     rows = []
     total_runs = len(drafters) * len(args.temperatures) * len(args.ks) * len(prompts)
     bar = tqdm(total=total_runs, desc="validate", unit="gen", disable=not args.progress, dynamic_ncols=True)
@@ -202,8 +268,8 @@ def main(argv=None) -> dict:
         for temperature in args.temperatures:
             for k in args.ks:
                 start = time.perf_counter()
-                stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar)
-                summary = stats.summary()
+                stats = run(engine, prompts, k, temperature, args.max_new_tokens, args.seed, bar, places)
+                summary = {**stats.summary(), "accepted_per_position": stats.accepted_per_position}
                 rows.append({"drafter": name, "path": str(spec), "method": drafter.cfg.method, "mode": args.mode,
                              "draft_vocab": drafter.drafting_vocab,
                              "compile": args.compile or False,
@@ -213,7 +279,8 @@ def main(argv=None) -> dict:
     bar.close()
     table = markdown_table(rows, max(args.ks))
     print(table)
-    report = {"prompts": len(prompts), "holdout_fingerprint": fingerprint, "max_new_tokens": args.max_new_tokens,
+    report = {"prompts": subsample, "shard": list(args.shard) if args.shard else None,
+              "holdout_fingerprint": fingerprint, "max_new_tokens": args.max_new_tokens,
               "max_prompt_tokens": args.max_prompt_tokens, "seed": args.seed, "mode": args.mode,
               "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
               "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -910,6 +911,41 @@ def test_validation_runs_and_tabulates():
     row = {"drafter": "eagle3 (x)", "temperature": 1.0, "k": 2, **stats.summary()}
     table = markdown_table([row], max_k=3)
     assert table.splitlines()[0].count("acc. token") == 3 and "| eagle3 (x) | 1 | 2 |" in table
+
+
+def test_prompt_shards_of_a_validation_add_up_to_the_whole_run_count_for_count(tmp_path):
+    from demo.checkpoints import save_drafter
+    from demo.validate import main as validate
+
+    target_dir, _ = _tiny_run_inputs(tmp_path)
+    target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
+    save_drafter(tiny.tiny_drafter("eagle3", target, own_lm_head=False), tmp_path / "drafter")
+    writer = ShardWriter(tmp_path / "prompts")
+    g = torch.Generator().manual_seed(4)
+    for i in range(7):
+        ids = [256] + torch.randint(0, 256, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+        writer.add(ids, [0] * len(ids), 100 + i)
+    writer.flush()
+    (tmp_path / "prompts" / "meta.json").write_text(json.dumps({"holdout_fingerprint": "abc"}))
+
+    def report(name, *extra):
+        validate(["--drafter", str(tmp_path / "drafter"), "--target", str(target_dir), "--prompts",
+                  str(tmp_path / "prompts"), "--num-prompts", "6", "--max-new-tokens", "12", "--ks", "2,3",
+                  "--temperatures", "0,1", "--device", "cpu", "--no-progress", "--json", str(tmp_path / name), *extra])
+        return str(tmp_path / name)
+
+    whole = json.loads(Path(report("whole.json")).read_text())
+    parts = [report(f"part{i}.json", "--shard", f"{i}/3") for i in range(3)]
+    merged = validate(["--merge", *parts])
+    assert merged["prompts"] == whole["prompts"] == 6
+    for row, want in zip(merged["runs"], whole["runs"], strict=True):
+        assert row["shards"] == 3 and (row["temperature"], row["k"]) == (want["temperature"], want["k"])
+        for key in ("num_drafts", "num_accepted_tokens", "num_generated", "accepted_per_position",
+                    "acceptance_per_position", "mean_acceptance_length"):
+            assert row[key] == want[key], key  # T = 1 too: each prompt samples with its own seed
+    assert merged["table"].splitlines()[2:] == whole["table"].splitlines()[2:]
+    with pytest.raises(SystemExit, match=r"shards \[0, 2\] of 3"):
+        validate(["--merge", parts[0], parts[2]])
 
 
 def test_split_validation_runs_merge_into_the_single_runs_table():
