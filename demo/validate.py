@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", default=None, metavar="DIR",
                    help="exported hold-out prompts (OUT/holdout of `python -m demo.train_data prompts`); "
                         "default: read the installed ShareGPT")
-    p.add_argument("--num-prompts", type=int, default=50, help="fixed-seed subsample of the hold-out prompts")
+    p.add_argument("--num-prompts", type=int, default=50,
+                   help="fixed-seed subsample of the hold-out prompts (0: all of them)")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer hold-out prompts are left out")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="speculation depths, comma-separated")
@@ -245,7 +246,8 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     hf, tok = load_target(args.target, args.device, args.dtype)
     target = Target(hf)
-    prompts, fingerprint = holdout_prompt_ids(tok, args.num_prompts, args.max_prompt_tokens, args.seed, args.prompts)
+    prompts, fingerprint = holdout_prompt_ids(tok, args.num_prompts or None, args.max_prompt_tokens, args.seed,
+                                              args.prompts)
     subsample = len(prompts)
     places = list(range(subsample))
     if args.shard is not None:  # every N-th prompt: shards of about equal length

@@ -38,6 +38,8 @@ VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default outp
 VAL_HEADLINE_MODES=${VAL_HEADLINE_MODES:-"cudagraph eager compile-all compile-drafter"}  # the headline's modes
 VAL_DRAFTERS=${VAL_DRAFTERS:-}       # which of $W's drafters get the headline, one GPU each in turn (default: eagle3 eagle [eagle3b])
 VAL_TABLE_DRAFTERS=${VAL_TABLE_DRAFTERS:-}  # which get the table (default: VAL_DRAFTERS; "best": the better EAGLE-3 and eagle)
+VAL_FULL_DRAFTERS=${VAL_FULL_DRAFTERS:-}  # which get the headline row on every hold-out prompt ("best": the better EAGLE-3)
+VAL_FULL_SHARDS=${VAL_FULL_SHARDS:-8}  # processes per GPU for it (validate --shard, merged count for count)
 VAL_TABLE_MODE=${VAL_TABLE_MODE:-cudagraph}  # the table's mode (its counts are eager's: the headline's merge
                                      # checks it at k = 7, tests/test_cuda.py at T = 0 and T > 0; eager costs 5x)
 BENCH_NEW_TOKENS=${BENCH_NEW_TOKENS:-256}
@@ -150,12 +152,26 @@ if has_stage validate; then
   python3 -m demo.validate --merge $(for m in $drafters; do echo "$W"/validate/headline-$m-*.json; done) \
     --json "$W/headline.json" --markdown "$W/headline.md" > "$W/logs/validate-merge.log" 2>&1
   log "validate headline done rc=$?"
-  table=${VAL_TABLE_DRAFTERS:-$drafters}
-  if [ "$table" = best ]; then  # the EAGLE-3 variant with the best headline, and EAGLE-1
-    table="$(python3 -c 'import json, os, sys
+  best="$(python3 -c 'import json, os, sys
 runs = [r for r in json.load(open(sys.argv[1]))["runs"] if r["method"] == "eagle3" and not r.get("compile")]
-print(os.path.basename(max(runs, key=lambda r: r["mean_acceptance_length"])["path"]))' "$W/headline.json") eagle"
+best = max(runs, key=lambda r: r["mean_acceptance_length"], default=None)
+print(os.path.basename(best["path"]) if best else "")' "$W/headline.json")"
+  full=$VAL_FULL_DRAFTERS; [ "$full" = best ] && full=$best
+  if [ -n "$full" ]; then  # the headline row on every hold-out prompt, in prompt shards over all GPUs
+    n=$((NGPU * VAL_FULL_SHARDS))
+    for m in $full; do
+      for ((s = 0; s < n; s++)); do
+        on_gpu $s $v --num-prompts 0 --shard "$s/$n" --drafter "$W/$m" --mode cudagraph --temperatures 0 --ks 7 \
+          --json "$W/validate/full-$m-$s.json" > "$W/logs/validate-full-$m-$s.log" 2>&1 &
+      done
+      wait
+    done
+    python3 -m demo.validate --merge $(for m in $full; do echo "$W"/validate/full-$m-*.json; done) \
+      --json "$W/full.json" --markdown "$W/full.md" >> "$W/logs/validate-merge.log" 2>&1
+    log "validate full hold-out ($full) done rc=$?"
   fi
+  table=${VAL_TABLE_DRAFTERS:-$drafters}
+  [ "$table" = best ] && table="$best eagle"  # the EAGLE-3 variant with the best headline, and EAGLE-1
   n=0
   for m in $table; do
     for t in 0 1; do
@@ -188,5 +204,5 @@ fi
 log "summary"
 for m in eagle3 eagle3b eagle; do grep -h "final window" "$W/logs/train-$m.log" 2>/dev/null | sed "s/^/$m: /"; done
 grep -h "tokens_per_s\|\"answered\"" "$W"/logs/regen*.log 2>/dev/null
-cat "$W/headline.md" 2>/dev/null
+cat "$W/headline.md" "$W/full.md" 2>/dev/null
 for m in none eagle3 eagle; do cat "$W/modes/$m.md" 2>/dev/null; done
