@@ -80,6 +80,11 @@ modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on 
   log "modes $m done"
 }
 
+merge_validation() {  # merge_validation NAME JSON...: one report, $W/NAME.json and .md, from split validation runs
+  local name=$1; shift
+  python3 -m demo.validate --merge "$@" --json "$W/$name.json" --markdown "$W/$name.md" >> "$W/logs/validate-merge.log" 2>&1
+}
+
 train() {  # train GPU|all METHOD MINUTES INIT [NAME EXTRA_FLAGS]: the drafter lands in $W/NAME (default METHOD)
   local init=${4:+--init-drafter $4} name=${5:-$2}
   if [ "$2" = eagle ] && [ "$3" = 0 ]; then  # no training: the starting head is the result
@@ -149,8 +154,7 @@ if has_stage validate; then
     i=$((i + 1))
   done
   wait
-  python3 -m demo.validate --merge $(for m in $drafters; do echo "$W"/validate/headline-$m-*.json; done) \
-    --json "$W/headline.json" --markdown "$W/headline.md" > "$W/logs/validate-merge.log" 2>&1
+  merge_validation headline $(for m in $drafters; do echo "$W"/validate/headline-$m-*.json; done)
   log "validate headline done rc=$?"
   best="$(python3 -c 'import json, os, sys
 runs = [r for r in json.load(open(sys.argv[1]))["runs"] if r["method"] == "eagle3" and not r.get("compile")]
@@ -166,8 +170,7 @@ print(os.path.basename(best["path"]) if best else "")' "$W/headline.json")"
       done
       wait
     done
-    python3 -m demo.validate --merge $(for m in $full; do echo "$W"/validate/full-$m-*.json; done) \
-      --json "$W/full.json" --markdown "$W/full.md" >> "$W/logs/validate-merge.log" 2>&1
+    merge_validation full $(for m in $full; do echo "$W"/validate/full-$m-*.json; done)
     log "validate full hold-out ($full) done rc=$?"
   fi
   table=${VAL_TABLE_DRAFTERS:-$drafters}
@@ -183,8 +186,7 @@ print(os.path.basename(best["path"]) if best else "")' "$W/headline.json")"
     done
   done
   wait
-  python3 -m demo.validate --merge $(for m in $table; do echo "$W"/validate/table-$m-*.json; done) \
-    --json "$W/validate.json" --markdown "$W/validate.md" >> "$W/logs/validate-merge.log" 2>&1
+  merge_validation validate $(for m in $table; do echo "$W"/validate/table-$m-*.json; done)
   log "validate table ($table, $VAL_TABLE_MODE) done rc=$?"
 fi
 
