@@ -302,6 +302,11 @@ def format_report(report: dict) -> str:
             speedup = f", speedup {stats.tokens_per_s / base:.2f}x" if base > 0 else ""
             lines.append(f"target-only: {base:.1f} tokens/s{speedup}")
     lines.append(stats.format_table())
+    if stats.steps_after_full or stats.steps_after_rejection:
+        split = ["-" if r is None else f"{r:.2f}" for r in (stats.acceptance_at_0_after_full,
+                                                              stats.acceptance_at_0_after_rejection)]
+        lines.append(f"acceptance at token 0 after a full chain: {split[0]} ({stats.steps_after_full} steps), "
+                     f"after a rejection: {split[1]} ({stats.steps_after_rejection} steps)")
     lines.append(f"tokens/s: {stats.tokens_per_s:.1f} ({stats.num_generated} tokens in {stats.elapsed_s:.2f} s "
                  "of engine time)")
     lines.append(f"propose: {stats.mean_draft_ms:.2f} ms/step, verify: {stats.mean_verify_ms:.2f} ms/step "

@@ -11,6 +11,10 @@ Vocabulary (the same words label every chart):
   target's own token (vLLM's convention, ``SpecDecodingStats`` in vllm/v1/spec_decode/metrics.py).
 - acceptance at token i = share of steps with at least i+1 drafts accepted (a survival curve, not a
   conditional rate), so mean acceptance length = 1 + sum of acceptance at every token.
+- acceptance at token 0 after a full chain / after a rejection: the same share over the steps that
+  follow a step whose drafts were all accepted / one that rejected a draft. A step starts where
+  the last one stopped, and a rejection marks a place the drafter did not foresee: the split shows
+  why acceptance at token 0 falls as k grows (deeper chains start more steps after rejections).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ DEFINITIONS = {
     "tokens_per_s": "Generated tokens per second of engine time (prefill included, UI time excluded).",
     "draft_ms": "Mean time per step spent proposing the k draft tokens.",
     "verify_ms": "Mean time per step spent in the target's verification forward and the acceptance test.",
+    "acceptance_at_0_after": "Acceptance at token 0 over the steps right after a fully accepted step, and "
+    "over those right after a rejection.",
     "draft_vocab": "Target tokens a draft can be: the drafter's draft vocabulary, the whole vocabulary, or (a "
     "head drafting through the target's lm_head, on a CPU) its most frequent tokens; a token outside it is "
     "never drafted, and the output is the target's all the same.",
@@ -47,6 +53,11 @@ class AcceptanceStats:
     verify_ms_total: float = 0.0
     prefill_ms: float = 0.0
     elapsed_s: float = 0.0  # engine time: prefill + steps, consumer time between steps excluded
+    steps_after_full: int = 0  # drafting steps right after a step whose drafts were all accepted ...
+    first_accepted_after_full: int = 0  # ... and how many of them had their first draft accepted
+    steps_after_rejection: int = 0  # the same right after a step that rejected a draft
+    first_accepted_after_rejection: int = 0
+    last_step_full: bool | None = None  # how this generation's last drafting step ended (None: none yet); not a total
 
     def __post_init__(self):
         if not self.accepted_per_position:
@@ -60,6 +71,13 @@ class AcceptanceStats:
         self.num_accepted_tokens += num_accepted
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
+        if self.last_step_full is True:
+            self.steps_after_full += 1
+            self.first_accepted_after_full += num_accepted > 0
+        elif self.last_step_full is False:
+            self.steps_after_rejection += 1
+            self.first_accepted_after_rejection += num_accepted > 0
+        self.last_step_full = num_accepted == num_draft
 
     def observe_prefill(self, prefill_ms: float) -> None:
         """Count the prefill, which emits the target's first token (not a decoding step)."""
@@ -86,6 +104,10 @@ class AcceptanceStats:
         self.verify_ms_total += other.verify_ms_total
         self.prefill_ms += other.prefill_ms
         self.elapsed_s += other.elapsed_s
+        self.steps_after_full += other.steps_after_full
+        self.first_accepted_after_full += other.first_accepted_after_full
+        self.steps_after_rejection += other.steps_after_rejection
+        self.first_accepted_after_rejection += other.first_accepted_after_rejection
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -94,6 +116,14 @@ class AcceptanceStats:
     @property
     def acceptance_per_position(self) -> list[float]:
         return [n / self.num_drafts if self.num_drafts else 0.0 for n in self.accepted_per_position]
+
+    @property
+    def acceptance_at_0_after_full(self) -> float | None:
+        return self.first_accepted_after_full / self.steps_after_full if self.steps_after_full else None
+
+    @property
+    def acceptance_at_0_after_rejection(self) -> float | None:
+        return self.first_accepted_after_rejection / self.steps_after_rejection if self.steps_after_rejection else None
 
     @property
     def draft_acceptance_rate(self) -> float:
@@ -127,6 +157,12 @@ class AcceptanceStats:
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_steps": self.num_steps,
             "num_generated": self.num_generated,
+            "acceptance_at_0_after_full": self.acceptance_at_0_after_full,
+            "acceptance_at_0_after_rejection": self.acceptance_at_0_after_rejection,
+            "steps_after_full": self.steps_after_full,
+            "steps_after_rejection": self.steps_after_rejection,
+            "first_accepted_after_full": self.first_accepted_after_full,
+            "first_accepted_after_rejection": self.first_accepted_after_rejection,
             "tokens_per_s": self.tokens_per_s,
             "mean_draft_ms": self.mean_draft_ms,
             "mean_verify_ms": self.mean_verify_ms,

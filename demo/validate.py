@@ -130,6 +130,26 @@ def markdown_table(rows: list[dict], max_k: int) -> str:
     return "\n".join(lines)
 
 
+def start_table(rows: list[dict]) -> str:
+    """Acceptance at token 0 split by how the step before ended (all drafts accepted, or one
+    rejected), one line per (drafter, T, k); empty for reports that predate the split."""
+    rows = [r for r in rows if r.get("steps_after_full") is not None]
+    if not rows:
+        return ""
+    lines = ["| drafter | T | k | acc. token 0 | after a full chain | steps | after a rejection | steps |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        split = [f"{r[f'acceptance_at_0_after_{c}']:.3f}" if r[f"steps_after_{c}"] else "-" for c in ("full", "rejection")]
+        lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['k']} | {r['acceptance_per_position'][0]:.3f} | "
+                     f"{split[0]} | {r['steps_after_full']} | {split[1]} | {r['steps_after_rejection']} |")
+    return "\n".join(lines)
+
+
+def tables(rows: list[dict], max_k: int) -> str:
+    """The acceptance table, then the token-0 split under it."""
+    return "\n\n".join(t for t in (markdown_table(rows, max_k), start_table(rows)) if t)
+
+
 def _compiled(row: dict) -> str:
     """A row's compile scope: "" (not compiled), "all" or "drafter" (reports before the scopes
     say True for all)."""
@@ -140,14 +160,15 @@ def _compiled(row: dict) -> str:
 SAME_IN_MERGED = ("prompts", "holdout_fingerprint", "max_new_tokens", "max_prompt_tokens", "seed", "mode", "dtype")
 
 
-COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_steps", "num_generated")
+COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_steps", "num_generated",
+          "steps_after_full", "first_accepted_after_full", "steps_after_rejection", "first_accepted_after_rejection")
 
 
 def _row_stats(row: dict):
     """The AcceptanceStats totals a report row was made from."""
     from demo.metrics import AcceptanceStats
 
-    return AcceptanceStats(num_spec_tokens=row["k"], **{c: row[c] for c in COUNTS},
+    return AcceptanceStats(num_spec_tokens=row["k"], **{c: row.get(c, 0) for c in COUNTS},
                            accepted_per_position=list(row["accepted_per_position"]),
                            draft_ms_total=row["mean_draft_ms"] * row["num_steps"],
                            verify_ms_total=row["mean_verify_ms"] * row["num_steps"],
@@ -217,7 +238,7 @@ def merge_reports(reports: list[dict]) -> dict:
     return {**{k: first.get(k) for k in SAME_IN_MERGED}, "modes": sorted({r["mode"] for r in reports}),
             "merged_from": len(reports), "seconds": sum(r.get("seconds", 0) for r in reports),
             "device": first.get("device"), "gpu": first.get("gpu"), "torch": first.get("torch"),
-            "runs": runs, "table": markdown_table(runs, max(row["k"] for row in runs))}
+            "runs": runs, "table": tables(runs, max(row["k"] for row in runs))}
 
 
 def write_report(report: dict, args) -> None:
@@ -279,7 +300,7 @@ def main(argv=None) -> dict:
                 bar.set_postfix(method=drafter.cfg.method, T=temperature, k=k,
                                 mal=f"{summary['mean_acceptance_length']:.2f}")
     bar.close()
-    table = markdown_table(rows, max(args.ks))
+    table = tables(rows, max(args.ks))
     print(table)
     report = {"prompts": subsample, "shard": list(args.shard) if args.shard else None,
               "holdout_fingerprint": fingerprint, "max_new_tokens": args.max_new_tokens,

@@ -170,13 +170,15 @@ def test_report_ends_with_acceptance_table_then_speed():
     # 100 verified drafts of k=3: 74 had >= 1 accepted, 54 had >= 2, 41 had all 3 -> AL = 1 + 169/100
     stats = AcceptanceStats(num_spec_tokens=3, num_drafts=100, num_draft_tokens=300, num_accepted_tokens=169,
                             accepted_per_position=[74, 54, 41], num_steps=100, num_generated=270,
-                            draft_ms_total=150.0, verify_ms_total=820.0, prefill_ms=40.0, elapsed_s=1.35)
+                            draft_ms_total=150.0, verify_ms_total=820.0, prefill_ms=40.0, elapsed_s=1.35,
+                            steps_after_full=40, first_accepted_after_full=36, steps_after_rejection=58,
+                            first_accepted_after_rejection=37)
     config = dict(target="default", target_name="SmolLM2-135M-Instruct", drafter="d", method="eagle3", k=3,
                   mode="eager", compile=False, device="cpu", dtype="float32", gpu=None, max_new_tokens=256,
                   temperature=0.0, warmup=1)
     report = {"records": [], "totals": {"config": config, "num_prompts": 2, "counts": stats.__dict__,
                                         "summary": stats.summary(), "warmup_s": 0.5, "capture_s": 0.0}}
-    tail = bench.format_report(report).splitlines()[-8:]
+    tail = bench.format_report(report).splitlines()[-9:]
     assert tail == [
         "-" * 50,
         "mean acceptance length: 2.69",
@@ -184,6 +186,7 @@ def test_report_ends_with_acceptance_table_then_speed():
         "acceptance at token 0: 0.74",
         "acceptance at token 1: 0.54",
         "acceptance at token 2: 0.41",
+        "acceptance at token 0 after a full chain: 0.90 (40 steps), after a rejection: 0.64 (58 steps)",
         "tokens/s: 200.0 (270 tokens in 1.35 s of engine time)",
         "propose: 1.50 ms/step, verify: 8.20 ms/step (100 steps; prefill 20.00 ms/prompt)",
     ]
@@ -216,7 +219,14 @@ def test_printed_table_matches_merged_totals(models, capsys, tmp_path):
         f"acceptance at token 0: {summary['acceptance_per_position'][0]:.2f}",
         f"acceptance at token 1: {summary['acceptance_per_position'][1]:.2f}",
     ]
-    assert lines[i + 5].startswith("tokens/s: ") and lines[i + 6].startswith("propose: ")
+    c = json.loads(out_json.read_text())["totals"]["counts"]
+    split = lines[i + 5]  # how acceptance at token 0 depends on where the step starts
+    assert split.startswith("acceptance at token 0 after a full chain: ")
+    assert f"({c['steps_after_full']} steps), after a rejection: " in split
+    assert split.endswith(f"({c['steps_after_rejection']} steps)")
+    prompts = json.loads(out_json.read_text())["totals"]["num_prompts"]  # each one's first step follows none
+    assert c["steps_after_full"] + c["steps_after_rejection"] == c["num_drafts"] - prompts
+    assert lines[i + 6].startswith("tokens/s: ") and lines[i + 7].startswith("propose: ")
 
 
 def test_json_holds_per_prompt_records_and_totals(models, tmp_path, capsys):

@@ -42,3 +42,20 @@ def test_merge_adds_totals():
 
 def test_no_drafts_means_acceptance_length_one():
     assert AcceptanceStats(num_spec_tokens=0).mean_acceptance_length == 1.0
+
+
+def test_acceptance_at_token_0_splits_by_how_the_step_before_ended():
+    s = AcceptanceStats(num_spec_tokens=3)
+    for accepted in (3, 2, 0, 1, 3, 3, 0):  # full, reject, reject, reject, full, full, reject
+        s.observe_draft(3, accepted)
+    # after a full chain: steps 2, 6, 7 (accepted 2, 3, 0); after a rejection: steps 3, 4, 5 (0, 1, 3)
+    assert (s.steps_after_full, s.first_accepted_after_full) == (3, 2)
+    assert (s.steps_after_rejection, s.first_accepted_after_rejection) == (3, 2)
+    assert s.summary()["acceptance_at_0_after_full"] == pytest.approx(2 / 3)
+    other = AcceptanceStats(num_spec_tokens=3)
+    other.observe_draft(3, 1)  # a generation's first step follows no step: in neither split
+    other.observe_draft(3, 0)
+    s.merge(other)
+    assert (s.steps_after_rejection, s.first_accepted_after_rejection) == (4, 2)
+    assert s.acceptance_at_0_after_rejection == pytest.approx(2 / 4) and s.steps_after_full == 3
+    assert AcceptanceStats(num_spec_tokens=3).summary()["acceptance_at_0_after_full"] is None

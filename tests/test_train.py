@@ -941,9 +941,11 @@ def test_prompt_shards_of_a_validation_add_up_to_the_whole_run_count_for_count(t
     for row, want in zip(merged["runs"], whole["runs"], strict=True):
         assert row["shards"] == 3 and (row["temperature"], row["k"]) == (want["temperature"], want["k"])
         for key in ("num_drafts", "num_accepted_tokens", "num_generated", "accepted_per_position",
-                    "acceptance_per_position", "mean_acceptance_length"):
+                    "acceptance_per_position", "mean_acceptance_length", "steps_after_full", "steps_after_rejection",
+                    "first_accepted_after_full", "first_accepted_after_rejection"):
             assert row[key] == want[key], key  # T = 1 too: each prompt samples with its own seed
     assert merged["table"].splitlines()[2:] == whole["table"].splitlines()[2:]
+    assert "| after a full chain | steps | after a rejection | steps |" in whole["table"]
     with pytest.raises(SystemExit, match=r"shards \[0, 2\] of 3"):
         validate(["--merge", parts[0], parts[2]])
 
