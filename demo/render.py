@@ -177,6 +177,11 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
     rows = [
         _row("mean acceptance length", f'{stats["mean_acceptance_length"]:.2f}', d["mean_acceptance_length"]),
         _row("acceptance at each token", per_pos, d["acceptance_per_position"]),
+        *([_row("token 0 after a full · a rejected step",
+                " · ".join("-" if r is None else f"{r:.0%}" for r in (stats["acceptance_at_0_after_full"],
+                                                                       stats["acceptance_at_0_after_rejection"])),
+                d["acceptance_at_0_after"])]
+          if stats.get("steps_after_full") or stats.get("steps_after_rejection") else []),
         _row("tokens/s", f'{stats["tokens_per_s"]:.1f}', d["tokens_per_s"]),
         _row("draft ms / step", f'{stats["mean_draft_ms"]:.1f}', d["draft_ms"]),
         _row("verify ms / step", f'{stats["mean_verify_ms"]:.1f}', d["verify_ms"]),

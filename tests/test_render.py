@@ -149,6 +149,12 @@ def test_stats_panel_shows_numbers_with_their_definitions():
         assert value in text
     assert DEFINITIONS["mean_acceptance_length"] in text and DEFINITIONS["acceptance_per_position"] in text
     assert DEFINITIONS["draft_vocab"] in text
+    assert "token 0 after" not in text  # no step has followed another yet
+    split = {**stats, "steps_after_full": 3, "acceptance_at_0_after_full": 1.0, "steps_after_rejection": 0,
+             "acceptance_at_0_after_rejection": None}
+    text = shown(render_stats(split, DEFINITIONS)).text
+    assert "token 0 after a full · a rejected step" in text and "100% · -" in text
+    assert DEFINITIONS["acceptance_at_0_after"] in text
     target_only = shown(render_stats({**stats, "method": "none", "draft_vocab": None}, DEFINITIONS)).text
     assert "drafts over" not in target_only
 
