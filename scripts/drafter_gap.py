@@ -32,11 +32,15 @@ def target_pass(target, aux, ids: list[int], mask: list[int]) -> TargetBatch:
                       torch.tensor([mask], dtype=torch.bool, device=target.device), aux)
 
 
-def teacher_forced(drafter, tb: TargetBatch, steps: int) -> tuple[np.ndarray, int]:
-    """Per-step accuracy of the training-time-test forward over one sequence, and its slot count."""
+def teacher_forced(drafter, tb: TargetBatch, steps: int) -> tuple[np.ndarray, int, float, int]:
+    """Per-step accuracy of the training-time-test forward over one sequence, its slot count, and
+    step-0 accuracy at the chain starts of the training loss's walk with their count (on the
+    engine's own greedy text, the walk visits the engine's chain roots)."""
     with torch.no_grad():
         _, metrics = eagle3_loss(drafter, tb, steps)
-    return np.array([float(a) for a in metrics["acc"]]), int(metrics["positions"])
+    n = int(metrics["chain_starts"].sum())
+    return (np.array([float(a) for a in metrics["acc"]]), int(metrics["positions"]),
+            float(metrics["start_acc"]) if n else 0.0, n)
 
 
 def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
@@ -52,8 +56,6 @@ def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
     probs = tb.logits[0].float().softmax(-1)  # [S, V]
     same = steps = 0
     rejected = []
-    after = {"full": [], "miss": []}  # first draft accepted?, by how the previous step ended
-    previous = None
     done = prompt_len
     for e in events:
         if e.draft_ids:
@@ -62,9 +64,6 @@ def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
             if e.num_accepted == 0:
                 p = probs[done - 1]  # the target's distribution of the drafted position
                 rejected.append((int((p > p[e.draft_ids[0]]).sum()), float(p.max())))
-            if previous is not None:
-                after[previous].append(e.num_accepted > 0)
-            previous = "full" if e.num_accepted == len(e.draft_ids) else "miss"
         done += len(e.token_ids)
     # teacher-forced step 0 over the answer, by whether the slot before drafted its own token right:
     # the engine starts most chains right after such a miss
@@ -72,11 +71,11 @@ def first_drafts(drafter, tb: TargetBatch, prompt_len: int, events):
     hit = picks[slots] == seq[0, slots + 2]
     prev_hit = picks[slots - 1] == seq[0, slots + 1]
     forced = {"prev_hit": hit[prev_hit].tolist(), "prev_miss": hit[~prev_hit].tolist()}
-    return same, steps, rejected, after, forced
+    return same, steps, rejected, forced
 
 
-def weighted(rows: list[tuple[np.ndarray, int]]) -> list[float]:
-    acc, n = np.stack([a for a, _ in rows]), np.array([n for _, n in rows], dtype=float)
+def weighted(rows: list[tuple]) -> list[float]:
+    acc, n = np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], dtype=float)
     return np.round((acc * n[:, None]).sum(0) / n.sum(), 3).tolist()
 
 
@@ -112,8 +111,7 @@ def main() -> None:
     held = [teacher_forced(drafter, tb, args.k) for tb in held_tbs]
     firsts = [first_drafts(drafter, tb, len(ids), events) for tb, (ids, _, events) in zip(held_tbs, generated)]
     agree = np.array([f[:2] for f in firsts]).sum(0)
-    after = {c: [a for f in firsts for a in f[3][c]] for c in ("full", "miss")}
-    forced = {c: [a for f in firsts for a in f[4][c]] for c in ("prev_hit", "prev_miss")}
+    forced = {c: [a for f in firsts for a in f[3][c]] for c in ("prev_hit", "prev_miss")}
     rejected = np.array([r for f in firsts for r in f[2]]).reshape(-1, 2)  # (rank, target's top probability)
     data = load_shards(args.train)
     rows = np.random.default_rng(1).choice(len(data), args.num, replace=False)
@@ -127,14 +125,18 @@ def main() -> None:
           f"the target's top probability there: median {np.median(rejected[:, 1]):.2f} "
           f"(below 0.5 in {100 * np.mean(rejected[:, 1] < 0.5):.0f}%)")
     print("hold-out, engine: first draft accepted after a fully accepted chain "
-          f"{np.mean(after['full']):.3f} ({len(after['full'])} steps), after a rejection {np.mean(after['miss']):.3f} "
-          f"({len(after['miss'])} steps)")
+          f"{stats.acceptance_at_0_after_full:.3f} ({stats.steps_after_full} steps), after a rejection "
+          f"{stats.acceptance_at_0_after_rejection:.3f} ({stats.steps_after_rejection} steps)")
     print("hold-out, teacher-forced step 0 over every answer slot: "
           f"{np.mean(forced['prev_hit'] + forced['prev_miss']):.3f}; where the slot before drafted its token right "
           f"{np.mean(forced['prev_hit']):.3f} ({len(forced['prev_hit'])}), where it missed "
           f"{np.mean(forced['prev_miss']):.3f} ({len(forced['prev_miss'])})")
     print(f"hold-out, engine: {first_oov} of {first_rejected} rejected first drafts "
           f"({100 * first_oov / max(first_rejected, 1):.1f}%) lost to a target token outside the draft vocabulary")
+    walked = sum(r[3] for r in held)
+    print(f"hold-out, the training loss's chain walk: step-0 accuracy at its {walked} chain starts "
+          f"{sum(r[2] * r[3] for r in held) / max(walked, 1):.3f} (the engine's acceptance at token 0 on the same "
+          f"text: {stats.acceptance_per_position[0]:.3f} over {stats.num_drafts} steps)")
     print(f"hold-out, teacher-forced accuracy per draft step (slots whose target token is in the draft "
           f"vocabulary): {weighted(held)}")
     print(f"training, teacher-forced accuracy per draft step: {weighted(train)}")
