@@ -308,15 +308,17 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
         hits = torch.stack([d == text[:, j: j + S] for j, d in enumerate(drafted)], -1)  # [B, S, steps]
         return chain_starts(hits, drafts_here, first)
 
-    weights = None
+    weights = starts = None
     if chain_start_weight != 1.0 and outs:
         with torch.no_grad():  # where the drafter, as it is, would start chains: one argmax pass per step
             drafted = [torch.where(v, draft_ids[head_argmax(drafter.norm(h).flatten(0, 1), drafter.lm_head.weight)]
                                    .view(B, S), -1) for v, h in zip(valids, outs)]
-            weights = 1.0 + (chain_start_weight - 1.0) * starts_of(drafted).float()  # [B, S]
+            starts = starts_of(drafted)
+            weights = 1.0 + (chain_start_weight - 1.0) * starts.float()  # [B, S]
+    else:  # the loss's own picks show where the chains started
+        drafted = [torch.full((B, S), -1, dtype=torch.long, device=dev) for _ in outs]
     total = tb.features.new_zeros((), dtype=torch.float32)
     accs, counts = [], []
-    drafted = [torch.full((B, S), -1, dtype=torch.long, device=dev) for _ in outs]
     for j, (h, valid) in enumerate(zip(outs, valids)):
         n = int(valid.sum())
         counts.append(n)
@@ -331,11 +333,12 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
                                               row_weight=None if weights is None else weights[rows])
         total = total + TTT_DECAY ** j * step_loss
         accs.append((draft_ids[picks] == want).float().mean())
-        drafted[j][rows] = draft_ids[picks]
+        if starts is None:
+            drafted[j][rows] = draft_ids[picks]
     metrics = {"loss": total.detach(), "acc": accs, "positions": counts[0] if counts else 0}
     if outs:
         with torch.no_grad():
-            starts = starts_of(drafted)
+            starts = starts_of(drafted) if starts is None else starts
             metrics["start_acc"] = (drafted[0] == text[:, :S])[starts].float().mean() if starts.any() else None
             metrics["chain_starts"] = starts  # [B, S] bool
     return total, metrics

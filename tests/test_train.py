@@ -359,8 +359,9 @@ def test_chain_start_weight_weighs_the_chains_the_engine_would_draft():
     assert torch.equal(plain, same)
     starts = m["chain_starts"]
     assert starts[0, 9] and starts[1, 4] and starts[1, 25] and not starts[0, :9].any()  # each answer's first slot
-    weighted, _ = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5, chain_start_weight=4.0)
+    weighted, mw = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5, chain_start_weight=4.0)
     assert not torch.allclose(weighted, plain)
+    assert torch.equal(mw["chain_starts"], starts) and mw["start_acc"] == m["start_acc"]  # the weights' walk
     drafter.fc.weight.requires_grad_(True)
     weighted, _ = eagle3_loss(drafter, tb, steps=3, top1_weight=0.5, chain_start_weight=4.0)
     weighted.backward()
