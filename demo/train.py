@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.profiler import schedule as profiler_schedule
 
@@ -613,6 +612,9 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
             run.epoch += 1
             run.batch_in_epoch = 0
     bar.close()
+    if profiler is not None and profiler.step_num < PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE:
+        profiler.stop()
+        print(f"--profile: training stopped at step {run.step}, before the profiled steps ended (no profile.txt)")
     if window.steps:
         history.append(window.flush(run.step, run.epoch, schedule(run.step, progress()), run.elapsed))
     return history, stop_reason
