@@ -26,7 +26,8 @@ TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
 TRAIN3_ARGS=${TRAIN3_ARGS:-}         # more demo.train flags for EAGLE-3, e.g. --rebuild-draft-vocab
 TRAIN3B_ARGS=${TRAIN3B_ARGS:-}       # an A/B variant: a second EAGLE-3 ($W/eagle3b) with these flags added, on
-                                     # GPU 1 after EAGLE-1 (two GPUs, TRAIN3_ALL_GPUS=0), validated beside it
+                                     # GPU 1 after EAGLE-1 (two GPUs, TRAIN3_ALL_GPUS=0) or beside EAGLE-3 on
+                                     # one GPU, validated beside it
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
@@ -37,7 +38,8 @@ VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 an
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
 VAL_HEADLINE_MODES=${VAL_HEADLINE_MODES:-"cudagraph eager compile-all compile-drafter"}  # the headline's modes
 VAL_DRAFTERS=${VAL_DRAFTERS:-}       # which of $W's drafters get the headline, one GPU each in turn (default: eagle3 eagle [eagle3b])
-VAL_TABLE_DRAFTERS=${VAL_TABLE_DRAFTERS:-}  # which get the table (default: VAL_DRAFTERS; "best": the better EAGLE-3 and eagle)
+VAL_TABLE_DRAFTERS=${VAL_TABLE_DRAFTERS:-}  # which get the table (default: VAL_DRAFTERS; "best": the better EAGLE-3
+                                     # and eagle; "best3": the better EAGLE-3 alone)
 VAL_FULL_DRAFTERS=${VAL_FULL_DRAFTERS:-}  # which get the headline row on every hold-out prompt ("best": the better EAGLE-3)
 VAL_FULL_SHARDS=${VAL_FULL_SHARDS:-8}  # processes per GPU for it (validate --shard, merged count for count)
 VAL_TABLE_MODE=${VAL_TABLE_MODE:-cudagraph}  # the table's mode (its counts are eager's: the headline's merge
@@ -128,8 +130,10 @@ if has_stage train; then
       [ -n "$TRAIN3B_ARGS" ] && train 1 eagle3 "$TRAIN3_MIN" "$INIT3B" eagle3b "$TRAIN3B_ARGS"
       has_stage modes && [[ " $MODES_METHODS " == *" none "* ]] && modes 1 none; } &
     wait
-  else
+  else  # one GPU: an A/B variant trains beside EAGLE-3 on it (each at about half its own throughput)
+    [ -n "$TRAIN3B_ARGS" ] && train 0 eagle3 "$TRAIN3_MIN" "$INIT3B" eagle3b "$TRAIN3B_ARGS" &
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3"
+    wait
     train 0 eagle "$TRAIN1_MIN" "$INIT1"
   fi
 fi
@@ -175,6 +179,7 @@ print(os.path.basename(best["path"]) if best else "")' "$W/headline.json")"
   fi
   table=${VAL_TABLE_DRAFTERS:-$drafters}
   [ "$table" = best ] && table="$best eagle"  # the EAGLE-3 variant with the best headline, and EAGLE-1
+  [ "$table" = best3 ] && table="$best"        # that variant alone (EAGLE-1 kept as it was: its table stands)
   n=0
   for m in $table; do
     for t in 0 1; do
