@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time-test depth")
+    p.add_argument("--ttt-decay", type=float, default=0.8, help="EAGLE-3: step j's loss weighs decay^j "
+                   "(lower puts the first draft first)")
     p.add_argument("--top1-weight", type=float, default=0.0,
                    help="EAGLE-3: add this times cross-entropy against the target's argmax to the soft loss "
                         "(greedy drafts are accepted on the argmax)")
@@ -120,6 +122,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rebuild-draft-vocab", action="store_true",
                    help="with --init-drafter (EAGLE-3): a new draft vocabulary from this data; lm_head rows of "
                         "tokens in both vocabularies are kept, new tokens' rows start from the target's")
+    p.add_argument("--eval-data", default=None, metavar="SPEC",
+                   help="EAGLE-3: regen:DIR of the target's greedy answers to the hold-out prompts; the run walks "
+                        "its chains over them (demo.train_eval: the k = --ttt-steps, T = 0 acceptance) at the end "
+                        "and every --eval-every-min")
+    p.add_argument("--eval-every-min", type=float, default=None, help="with --eval-data: also every this many "
+                   "minutes of training (the walks' time is not training time)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     if args.max_steps is None and args.time_budget_min is None and args.epochs is None:
@@ -138,6 +146,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--chain-start-weight weighs EAGLE-3's unrolled chains (EAGLE-1 trains one step)")
     if args.chain_start_weight <= 0:
         p.error("--chain-start-weight must be positive")
+    if not 0 < args.ttt_decay <= 1 or (args.ttt_decay != 0.8 and args.method != "eagle3"):
+        p.error("--ttt-decay: EAGLE-3's, in (0, 1]")
+    if args.eval_data and args.method != "eagle3":
+        p.error("--eval-data walks EAGLE-3's chains (EAGLE-1 trains no unrolled steps to walk)")
+    if args.eval_every_min is not None and not args.eval_data:
+        p.error("--eval-every-min needs --eval-data")
     if args.aux_layers is not None:
         args.aux_layers = tuple(int(i) for i in args.aux_layers.split(","))
         if len(args.aux_layers) != 3:
@@ -146,8 +160,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------ data
-def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True) -> tuple[SequenceSet, list[dict]]:
-    """Sequences of every comma-separated source, cut to max_len, each with >= 2 answer tokens."""
+def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True,
+                       holdout_ok: bool = False) -> tuple[SequenceSet, list[dict]]:
+    """Sequences of every comma-separated source, cut to max_len, each with >= 2 answer tokens.
+    Answers to the hold-out prompts (a regen of them records split "holdout") are refused unless
+    holdout_ok: they are for measuring (demo.train_eval, --eval-data), never for training."""
     from demo.loading import cache_dir
     from demo.train_data import prepare_sharegpt
 
@@ -162,8 +179,13 @@ def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True
             d = Path(part[len("regen:"):])
         else:
             raise SystemExit(f"--data: unknown source {part!r} (use 'sharegpt' or 'regen:DIR')")
+        meta = read_meta(d)
+        if meta.get("split") == "holdout" and not holdout_ok:
+            raise SystemExit(f"--data: {d} answers the hold-out prompts; it can measure a drafter "
+                             f"(--eval-data, demo.train_eval) but never train one")
         sets.append(load_shards(d))
-        metas.append({"source": part, "dir": str(d), **{k: v for k, v in read_meta(d).items() if k != "runs"}})
+        metas.append({"source": part, "dir": str(d), **{k: v for k, v in meta.items() if k != "runs"},
+                      "temperatures": sorted({float(r.get("temperature", 0.0)) for r in meta.get("runs", [])})})
     data = SequenceSet.concat(sets).truncated(max_len)
     cumulative = np.concatenate([[0], np.cumsum(data.mask, dtype=np.int64)])
     answers = cumulative[data.offsets[1:]] - cumulative[data.offsets[:-1]]  # [N] answer tokens per sequence
@@ -347,6 +369,8 @@ class Run:
     aux: tuple[int, ...]  # target feature layers read (EAGLE-3), () for EAGLE-1
     dist: Dist
     hot: DraftVocab | None = None  # a shared head's most frequent answer tokens (hot_tokens.json)
+    eval_data: SequenceSet | None = None  # --eval-data: greedy hold-out answers to walk
+    evals: list = field(default_factory=list)  # their walks so far: {"step", "trained_s", "eval"}
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
@@ -371,6 +395,14 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
         raise SystemExit(f"--data {args.data}: no sequence with at least 2 answer tokens")
     fingerprint = check_holdout(data, metas)
     answer = data.answer_tokens()
+    eval_data = None
+    if args.eval_data and dist.is_main:
+        eval_data, eval_metas = load_training_data(args.eval_data, tok, 4096, False, holdout_ok=True)
+        recorded = {m.get("holdout_fingerprint") for m in eval_metas} - {None}
+        if fingerprint and recorded and recorded != {fingerprint}:
+            raise SystemExit(f"--eval-data answers the prompts of hold-out split {', '.join(sorted(recorded))}; "
+                             f"the training data's is {fingerprint}")
+        print(f"eval data: {len(eval_data)} sequences ({args.eval_data})")
     times["load_data_s"] = time.perf_counter() - t
     print(f"data: {len(data)} sequences, {int(data.lengths.sum())} tokens, {len(answer)} answer tokens "
           f"({args.data}); hold-out fingerprint {fingerprint}")
@@ -465,7 +497,7 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     if hot is not None:
         print(f"hot tokens (drafted over on a CPU): {len(hot.ids)}, covering {100 * hot.coverage:.2f}% of "
               f"answer tokens")
-    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist, hot)
+    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist, hot, eval_data)
     dist.broadcast_parameters(params)
     if state is not None:
         restore(run, state)  # rank 0's generator state, on every rank
@@ -504,7 +536,8 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
         if args.method == "eagle":
             loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, args.feature_noise)
         else:
-            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight, args.chain_start_weight)
+            loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight, args.chain_start_weight,
+                                        args.ttt_decay)
     run.opt.zero_grad(set_to_none=True)
     has_loss = loss.requires_grad  # False: no trainable slot (e.g. every target argmax outside the draft vocabulary)
     if has_loss:
@@ -560,6 +593,7 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
 
     history, window = [], _Window()
     last_save = last_print = time.perf_counter()
+    last_eval = run.elapsed
     bar = tqdm(total=max_steps, initial=run.step, desc=f"train {args.method}", unit="step",
                disable=not (args.progress and run.dist.is_main),
                dynamic_ncols=True, mininterval=2.0)
@@ -605,6 +639,9 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
                 profiler.step()
                 if profiler.step_num == PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE:
                     _write_profile(profiler, run)
+            if args.eval_every_min and run.elapsed - last_eval >= 60 * args.eval_every_min:
+                last_eval = run.elapsed
+                evaluate(run)
             if run.dist.is_main and time.perf_counter() - last_save > 60 * args.save_every_min:
                 save_state(Path(args.out) / STATE_FILE, run)
                 last_save = time.perf_counter()
@@ -617,7 +654,21 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
         print(f"--profile: training stopped at step {run.step}, before the profiled steps ended (no profile.txt)")
     if window.steps:
         history.append(window.flush(run.step, run.epoch, schedule(run.step, progress()), run.elapsed))
+    if args.eval_data:
+        evaluate(run)
     return history, stop_reason
+
+
+def evaluate(run: Run) -> None:
+    """Walk the drafter's chains over --eval-data (rank 0; the others wait), print the line and
+    add {"step", "trained_s", "eval": WalkResult.to_dict()} to run.evals."""
+    from demo.train_eval import walk_eval
+
+    if run.dist.is_main:
+        r = walk_eval(run.target, run.drafter, run.eval_data, run.args.ttt_steps, run.args.batch_tokens)
+        print(f"step {run.step}, {run.elapsed / 60:.1f} min: {r.line()} ({r.seconds:.0f} s)", flush=True)
+        run.evals.append({"step": run.step, "trained_s": round(run.elapsed, 2), "eval": r.to_dict()})
+    run.dist.barrier()
 
 
 def main(argv=None) -> dict:
@@ -674,7 +725,7 @@ def _main(args, dist: Dist) -> dict:
         "hot_tokens": None if run.hot is None else {"size": len(run.hot.ids), "coverage": run.hot.coverage},
         "drafter": {"parameters": sum(p.numel() for p in run.params), "config": run.drafter.cfg.to_dict(),
                     "save_dtype": args.save_dtype},
-        "device": _device_info(run.target.device), "final": last, "history": history,
+        "device": _device_info(run.target.device), "final": last, "history": history, "evals": run.evals,
     }
     if dist.is_main:
         if args.resume and (out / LOG_FILE).exists():

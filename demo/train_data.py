@@ -20,6 +20,8 @@ CLI (data is made once, then read by ``python -m demo.train``):
     python -m demo.train_data prompts --out artifacts/prompts      # where ShareGPT is installed (CPU)
     python -m demo.train_data prompts --all-turns --out artifacts/prompts-turns   # every user turn
     python -m demo.train_data regen --prompts artifacts/prompts/train --out artifacts/regen --cuda-graph  # GPU
+    python -m demo.train_data regen --prompts artifacts/prompts/holdout --out artifacts/holdout-greedy \
+        --max-prompt-tokens 1024 --max-new-tokens 256 --cuda-graph   # for demo.train_eval; never trained on
     python -m demo.train_data prepare --out artifacts/sharegpt     # ShareGPT answers as they are (CPU)
     python -m demo.train_data holdout                              # print the hold-out fingerprint
 """
@@ -546,7 +548,10 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
            "temperature": temperature, "seed": seed, "cuda_graph": gen.uses_graphs, "device": str(target.device),
            "dtype": str(target.dtype).replace("torch.", "")}
     meta = read_meta(out_dir)
-    meta.update({"recipe": "regen", "holdout_fingerprint": fingerprint})
+    split = "holdout" if prompts_dir is not None and read_meta(prompts_dir).get("recipe") == "prompts-holdout" else "train"
+    if meta.get("split", split) != split:
+        raise SystemExit(f"{out_dir} holds answers to {meta['split']} prompts; answer {split} prompts elsewhere")
+    meta.update({"recipe": "regen", "holdout_fingerprint": fingerprint, "split": split})
     meta.setdefault("runs", []).append(run)
     meta["sequences"] = len(done) + writer.written
     write_meta(out_dir, meta)
@@ -574,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="auto")
     r.add_argument("--dtype", default="auto")
     r.add_argument("--prompts", default=None, metavar="DIR",
-                   help="exported training prompts (OUT/train of the 'prompts' command); default: read ShareGPT")
+                   help="exported prompts (OUT/train of the 'prompts' command; its OUT/holdout answers the "
+                        "validation prompts, recorded as hold-out: for demo.train_eval only); default: read ShareGPT")
     r.add_argument("--num-convs", type=int, default=None, help="first N training records (default: all)")
     r.add_argument("--batch-size", type=int, default=384)
     r.add_argument("--max-new-tokens", type=int, default=512)

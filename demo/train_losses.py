@@ -268,8 +268,8 @@ def eagle3_ttt_forward(drafter, tokens: torch.Tensor, features: torch.Tensor, st
 
 
 def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0.0,
-                chain_start_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """EAGLE-3 TTT loss on one batch: sum_j 0.8^j x (soft CE over the draft vocabulary + top1_weight
+                chain_start_weight: float = 1.0, decay: float = TTT_DECAY) -> tuple[torch.Tensor, dict]:
+    """EAGLE-3 TTT loss on one batch: sum_j decay^j x (soft CE over the draft vocabulary + top1_weight
     x CE against the target's argmax), each step averaged over its valid slots; with
     chain_start_weight W != 1 the chains rooted where the engine would start one on this text (the
     drafter's own chains at T = 0, see chain_starts) weigh W times the others. Returns (loss,
@@ -277,43 +277,20 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
     training-side estimate of the engine's acceptance at token 0)."""
     B, S = tb.tokens.shape
     dev = tb.tokens.device
-    draft_ids = torch.arange(drafter.cfg.draft_vocab_size, device=dev)  # [Vd] target ids of the draft vocabulary
-    in_draft = torch.ones(drafter.cfg.vocab_size, dtype=torch.bool, device=dev)  # [V]
-    if drafter.d2t is not None:
-        draft_ids, in_draft = draft_ids + drafter.d2t, drafter.t2d
-    target_top = tb.logits.argmax(-1)  # [B, S] target's greedy next token per position
-    tokens = F.pad(tb.tokens, (0, steps + 1))  # [B, S + steps + 1]
     cos, sin = rope_for(drafter, S + steps, dev)
-    outs = eagle3_ttt_forward(drafter, tokens, tb.features, steps, cos, sin)
-    shifted_mask = F.pad(tb.mask, (0, steps + 2))
-    target_top = F.pad(target_top, (0, steps + 1))
+    outs = eagle3_ttt_forward(drafter, F.pad(tb.tokens, (0, steps + 1)), tb.features, steps, cos, sin)
+    draft_ids, target_top, valids = _targets_and_valid_slots(drafter, tb, len(outs))
     # [B, S, Vd] the target's logits over the draft vocabulary (a full-vocabulary head: all of them)
     restricted = tb.logits if drafter.d2t is None else tb.logits.index_select(-1, draft_ids)
     if top1_weight:
         to_draft = torch.full((drafter.cfg.vocab_size,), -1, dtype=torch.long, device=dev)  # [V] target id -> draft id
         to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)
-    # slot i at step j predicts x[i+2+j] from the target's position i+1+j
-    valids = []
-    for j in range(len(outs)):
-        valid = shifted_mask[:, 2 + j: 2 + j + S] & in_draft[target_top[:, 1 + j: 1 + j + S]]  # [B, S]
-        valid[:, max(S - 1 - j, 0):] = False  # the target position i+1+j must exist
-        valids.append(valid)
-    text = tokens[:, 2: 2 + S + len(outs)]  # text[:, i + j] = x[i+2+j]
-    drafts_here = shifted_mask[:, 2: 2 + S].clone()  # [B, S] slots the engine drafts from: x[i+2] is an answer token
-    drafts_here[:, max(S - 1, 0):] = False
-    first = tb.mask & ~F.pad(tb.mask, (1, 0))[:, :S]  # [B, S] an answer's first token at position a ...
-    first = F.pad(first[:, 1:], (0, 1))  # ... roots its first chain at slot a - 1
-
-    def starts_of(drafted: list[torch.Tensor]) -> torch.Tensor:  # drafted[j] [B, S] target ids (-1: none)
-        hits = torch.stack([d == text[:, j: j + S] for j, d in enumerate(drafted)], -1)  # [B, S, steps]
-        return chain_starts(hits, drafts_here, first)
-
+    walk = _ChainWalk(tb, len(outs))
     weights = starts = None
     if chain_start_weight != 1.0 and outs:
         with torch.no_grad():  # where the drafter, as it is, would start chains: one argmax pass per step
-            drafted = [torch.where(v, draft_ids[head_argmax(drafter.norm(h).flatten(0, 1), drafter.lm_head.weight)]
-                                   .view(B, S), -1) for v, h in zip(valids, outs)]
-            starts = starts_of(drafted)
+            drafted = _greedy_drafts(drafter, outs, valids, draft_ids)
+            starts = walk.starts(drafted)
             weights = 1.0 + (chain_start_weight - 1.0) * starts.float()  # [B, S]
     else:  # the loss's own picks show where the chains started
         drafted = [torch.full((B, S), -1, dtype=torch.long, device=dev) for _ in outs]
@@ -331,17 +308,92 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
         step_loss, picks = head_cross_entropy(drafter.norm(h[rows]), drafter.lm_head.weight, restricted, rows[0],
                                               rows[1] + 1 + j, top, top1_weight,  # [Vd] renormalised soft target
                                               row_weight=None if weights is None else weights[rows])
-        total = total + TTT_DECAY ** j * step_loss
+        total = total + decay ** j * step_loss
         accs.append((draft_ids[picks] == want).float().mean())
         if starts is None:
             drafted[j][rows] = draft_ids[picks]
     metrics = {"loss": total.detach(), "acc": accs, "positions": counts[0] if counts else 0}
     if outs:
         with torch.no_grad():
-            starts = starts_of(drafted) if starts is None else starts
-            metrics["start_acc"] = (drafted[0] == text[:, :S])[starts].float().mean() if starts.any() else None
+            starts = walk.starts(drafted) if starts is None else starts
+            metrics["start_acc"] = walk.hits(drafted)[..., 0][starts].float().mean() if starts.any() else None
             metrics["chain_starts"] = starts  # [B, S] bool
     return total, metrics
+
+
+def _targets_and_valid_slots(drafter, tb: TargetBatch, steps: int):
+    """(draft_ids [Vd], target_top [B, S + steps + 1], valids): valids[j] [B, S] marks
+    the slots whose step-j prediction is trained and scored (an answer token whose target argmax
+    is in the draft vocabulary, at a target position that exists)."""
+    B, S = tb.tokens.shape
+    dev = tb.tokens.device
+    draft_ids = torch.arange(drafter.cfg.draft_vocab_size, device=dev)  # [Vd] target ids of the draft vocabulary
+    in_draft = torch.ones(drafter.cfg.vocab_size, dtype=torch.bool, device=dev)  # [V]
+    if drafter.d2t is not None:
+        draft_ids, in_draft = draft_ids + drafter.d2t, drafter.t2d
+    target_top = F.pad(tb.logits.argmax(-1), (0, steps + 1))  # [B, S + steps + 1] target's greedy next token
+    shifted_mask = F.pad(tb.mask, (0, steps + 2))
+    valids = []  # slot i at step j predicts x[i+2+j] from the target's position i+1+j
+    for j in range(steps):
+        valid = shifted_mask[:, 2 + j: 2 + j + S] & in_draft[target_top[:, 1 + j: 1 + j + S]]  # [B, S]
+        valid[:, max(S - 1 - j, 0):] = False  # the target position i+1+j must exist
+        valids.append(valid)
+    return draft_ids, target_top, valids
+
+
+def _greedy_drafts(drafter, outs: list[torch.Tensor], valids: list[torch.Tensor], draft_ids: torch.Tensor):
+    """The drafter's greedy pick at every scored slot of every step, as target ids [B, S] (-1 where
+    not scored), one argmax pass over the head per step."""
+    B, S = valids[0].shape if valids else (0, 0)
+    return [torch.where(v, draft_ids[head_argmax(drafter.norm(h).flatten(0, 1), drafter.lm_head.weight)].view(B, S), -1)
+            for v, h in zip(valids, outs)]
+
+
+class _ChainWalk:
+    """The text of a batch as the engine's T = 0 chains meet it: which slots it drafts from, where
+    each answer's first chain is rooted, and what each step's draft must equal to be accepted."""
+
+    def __init__(self, tb: TargetBatch, steps: int):
+        B, S = tb.tokens.shape
+        mask = F.pad(tb.mask, (0, 2))
+        self.S = S
+        self.text = F.pad(tb.tokens, (0, steps + 1))[:, 2: 2 + S + steps]  # text[:, i + j] = x[i+2+j]
+        self.drafts_here = mask[:, 2: 2 + S].clone()  # [B, S] slots the engine drafts from: x[i+2] is an answer token
+        self.drafts_here[:, max(S - 1, 0):] = False
+        first = tb.mask & ~F.pad(tb.mask, (1, 0))[:, :S]  # [B, S] an answer's first token at position a ...
+        self.first = F.pad(first[:, 1:], (0, 1))  # ... roots its first chain at slot a - 1
+
+    def hits(self, drafted: list[torch.Tensor]) -> torch.Tensor:
+        """[B, S, steps] bool: the chain rooted at slot i drafts its j-th token as the text has it
+        (drafted[j] [B, S] target ids, -1: none)."""
+        return torch.stack([d == self.text[:, j: j + self.S] for j, d in enumerate(drafted)], -1)
+
+    def starts(self, drafted: list[torch.Tensor]) -> torch.Tensor:
+        return chain_starts(self.hits(drafted), self.drafts_here, self.first)
+
+
+@torch.no_grad()
+def eagle3_chain_walk(drafter, tb: TargetBatch, steps: int) -> dict:
+    """The engine's T = 0 chains of `steps` drafts over a text the target wrote greedily, without
+    decoding: one training-time-test forward, the drafter's greedy pick at every slot and step, and
+    the walk from each answer's first chain start (chain_starts). On the engine's own output this
+    is its run draft for draft (tests/test_train.py), so on the target's greedy answers to the
+    hold-out prompts it measures the headline's acceptance at T = 0 in one batched pass.
+
+    Returns {"accepted": [C] int64 drafts accepted by each chain (0..steps), "correct" and
+    "positions": per step, the scored slots where the greedy draft is the target's argmax (teacher
+    forced), and all scored slots (0-d tensors)}."""
+    B, S = tb.tokens.shape
+    cos, sin = rope_for(drafter, S + steps, tb.tokens.device)
+    outs = eagle3_ttt_forward(drafter, F.pad(tb.tokens, (0, steps + 1)), tb.features, steps, cos, sin)
+    draft_ids, target_top, valids = _targets_and_valid_slots(drafter, tb, steps)
+    drafted = _greedy_drafts(drafter, outs, valids, draft_ids)
+    walk = _ChainWalk(tb, steps)
+    hits = walk.hits(drafted)  # [B, S, steps]
+    starts = chain_starts(hits, walk.drafts_here, walk.first)
+    accepted = hits.int().cumprod(-1).sum(-1)[starts]  # [C]
+    correct = [(d == target_top[:, 1 + j: 1 + j + S])[v].sum() for j, (d, v) in enumerate(zip(drafted, valids))]
+    return {"accepted": accepted, "correct": correct, "positions": [v.sum() for v in valids]}
 
 
 def chain_acceptance(accs: list[float], k: int) -> float:

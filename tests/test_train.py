@@ -345,6 +345,26 @@ def _training_walks_the_engines_chains(method: str, device: str, mode: str = "ea
     assert {0, k} <= lengths and len(lengths) >= 3  # rejections at the first draft, full chains, partial ones
 
 
+def test_ttt_decay_weighs_draft_step_j_by_decay_to_the_j():
+    """loss(decay) = sum_j decay^j L_j: a vanishing decay leaves step 0's loss (a one-step run's),
+    and three decays fix L_0..L_2, which then predict a fourth."""
+    target, drafter, _ = _tiny_pair("eagle3-shared", VOCAB)
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
+    tokens = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(4))
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 8:] = True
+    tb = run_target(target, tokens, mask, aux)
+
+    def loss(steps, decay):
+        return float(eagle3_loss(drafter, tb, steps=steps, top1_weight=0.5, decay=decay)[0].double())
+
+    assert loss(3, 1e-9) == pytest.approx(loss(1, 0.8), rel=1e-6)
+    ds = [1.0, 0.5, 0.25]
+    per_step = np.linalg.solve(np.array([[1, d, d * d] for d in ds]), np.array([loss(3, d) for d in ds]))
+    assert (per_step > 0).all()
+    assert loss(3, 0.8) == pytest.approx(per_step @ np.array([1, 0.8, 0.64]), rel=1e-5)
+
+
 def test_chain_start_weight_weighs_the_chains_the_engine_would_draft():
     target, drafter, _ = _tiny_pair("eagle3-shared", VOCAB)
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
