@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
     p.add_argument("--target", default="default")
     p.add_argument("--device", default="auto")
     p.add_argument("-k", type=int, default=7)
-    p.add_argument("--num", type=int, default=None, help="the first N sequences only")
+    p.add_argument("--num", type=int, default=None, help="N sequences drawn at random (seed 0), not all")
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -112,8 +112,8 @@ def main(argv=None) -> dict:
     hf, tok = load_target(args.target, args.device)
     target = Target(hf)
     data, metas = load_training_data(args.data, tok, 4096, progress=False, holdout_ok=True)
-    if args.num is not None:
-        data = data.select(np.arange(min(args.num, len(data))))
+    if args.num is not None and args.num < len(data):  # shards run shortest prompt first: a random draw
+        data = data.select(np.sort(np.random.default_rng(0).choice(len(data), args.num, replace=False)))
     for m in metas:
         if any(t != 0 for t in m["temperatures"]):
             print(f"warning: {m['dir']} holds sampled answers; the walk measures T = 0 on greedy text only",

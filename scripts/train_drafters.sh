@@ -33,6 +33,8 @@ EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. car
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
 INIT3B=${INIT3B:-$INIT3}             # where the A/B variant eagle3b starts (default: where eagle3 does)
 INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
+TRAIN3_EVAL_MIN=${TRAIN3_EVAL_MIN:-2}  # EAGLE-3 runs walk their chains over the target's greedy hold-out
+                                     # answers ($W/holdout-greedy, made first) this often (demo.train_eval); 0: never
 VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
 VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
@@ -95,6 +97,8 @@ train() {  # train GPU|all METHOD MINUTES INIT [NAME EXTRA_FLAGS]: the drafter l
     return
   fi
   local extra=""; [ "$2" = eagle3 ] && extra="$TRAIN3_ARGS ${6:-}"
+  [ "$2" = eagle3 ] && [ "$TRAIN3_EVAL_MIN" != 0 ] && [ -e "$W/holdout-greedy/meta.json" ] &&
+    extra+=" --eval-data regen:$W/holdout-greedy --eval-every-min $TRAIN3_EVAL_MIN"
   local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$name" --time-budget-min "$3" $init $extra
               --no-progress)
   if [ "$1" = all ]; then
@@ -121,6 +125,12 @@ if has_stage regen; then
 fi
 
 if has_stage train; then
+  if [ "$TRAIN3_EVAL_MIN" != 0 ] && [ ! -e "$W/holdout-greedy/meta.json" ]; then  # seconds on a GPU
+    on_gpu 0 python3 -m demo.train_data regen --prompts "$HOLDOUT_PROMPTS" --out "$W/holdout-greedy" \
+      --max-prompt-tokens 1024 --max-new-tokens "$VAL_NEW_TOKENS" --batch-size 512 --cuda-graph \
+      > "$W/logs/regen-holdout-greedy.log" 2>&1
+    log "hold-out greedy answers for the training walks rc=$?"
+  fi
   if [ "$TRAIN3_ALL_GPUS" = 1 ]; then
     train all eagle3 "$TRAIN3_MIN" "$INIT3"
     train 0 eagle "$TRAIN1_MIN" "$INIT1"

@@ -21,9 +21,18 @@ def test_walk_accepts_what_the_engine_accepted_chain_for_chain(method):
     """On the engine's own greedy output, every chain the walk roots accepts as many drafts as the
     engine's step did (the engine's last step may draft past the text's end), and walk_eval's
     counts over all texts are those chains'."""
+    _walk_is_the_engines_run(method, "cpu", "eager")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_walk_accepts_what_the_graphed_engine_accepted():
+    _walk_is_the_engines_run("eagle3-shared", "cuda", "cudagraph")
+
+
+def _walk_is_the_engines_run(method: str, device: str, mode: str):
     k = 3
-    target, drafter, prompts = _tiny_pair(method, 8)  # 8 tokens: chains of every length occur
-    engine = Engine(target, drafter, max_context=128)
+    target, drafter, prompts = _tiny_pair(method, 8, device)  # 8 tokens: chains of every length occur
+    engine = Engine(target, drafter, mode=mode, max_context=128)
     runs = [list(engine.generate(p, GenerationConfig(max_new_tokens=60, num_spec_tokens=k, stop_token_ids=())))
             for p in prompts]
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
@@ -32,7 +41,7 @@ def test_walk_accepts_what_the_engine_accepted_chain_for_chain(method):
         answer = [t for e in events for t in e.token_ids]
         engine_accepted = [e.num_accepted for e in events if e.draft_ids]
         seq, mask = prompt + answer, [False] * len(prompt) + [True] * len(answer)
-        tb = run_target(target, torch.tensor([seq]), torch.tensor([mask]), aux)
+        tb = run_target(target, torch.tensor([seq], device=device), torch.tensor([mask], device=device), aux)
         walked = eagle3_chain_walk(drafter, tb, k)["accepted"].tolist()
         assert walked == engine_accepted[: len(walked)] and len(engine_accepted) - len(walked) <= 1
         walked_all += walked
