@@ -354,7 +354,7 @@ class _ChainWalk:
     each answer's first chain is rooted, and what each step's draft must equal to be accepted."""
 
     def __init__(self, tb: TargetBatch, steps: int):
-        B, S = tb.tokens.shape
+        S = tb.tokens.shape[1]
         mask = F.pad(tb.mask, (0, 2))
         self.S = S
         self.text = F.pad(tb.tokens, (0, steps + 1))[:, 2: 2 + S + steps]  # text[:, i + j] = x[i+2+j]
@@ -377,7 +377,7 @@ def eagle3_chain_walk(drafter, tb: TargetBatch, steps: int) -> dict:
     """The engine's T = 0 chains of `steps` drafts over a text the target wrote greedily, without
     decoding: one training-time-test forward, the drafter's greedy pick at every slot and step, and
     the walk from each answer's first chain start (chain_starts). On the engine's own output this
-    is its run draft for draft (tests/test_train.py), so on the target's greedy answers to the
+    is its run draft for draft (tests/test_train_eval.py), so on the target's greedy answers to the
     hold-out prompts it measures the headline's acceptance at T = 0 in one batched pass.
 
     Returns {"accepted": [C] int64 drafts accepted by each chain (0..steps), "correct" and
