@@ -503,6 +503,10 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
     from demo.batch_generate import BatchGenConfig, BatchGenerator
 
     t0 = time.perf_counter()
+    split = "holdout" if prompts_dir is not None and read_meta(prompts_dir).get("recipe") == "prompts-holdout" else "train"
+    if read_meta(out_dir).get("split", split) != split:  # before any answer is written
+        raise SystemExit(f"{out_dir} holds answers to {read_meta(out_dir)['split']} prompts; answer {split} "
+                         f"prompts elsewhere")
     all_ids, all_sources, fingerprint = training_prompts(tokenizer, prompts_dir, num)
     done = done_prompts(out_dir)
     unique: dict[bytes, tuple[list[int], int]] = {}
@@ -548,9 +552,6 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
            "temperature": temperature, "seed": seed, "cuda_graph": gen.uses_graphs, "device": str(target.device),
            "dtype": str(target.dtype).replace("torch.", "")}
     meta = read_meta(out_dir)
-    split = "holdout" if prompts_dir is not None and read_meta(prompts_dir).get("recipe") == "prompts-holdout" else "train"
-    if meta.get("split", split) != split:
-        raise SystemExit(f"{out_dir} holds answers to {meta['split']} prompts; answer {split} prompts elsewhere")
     meta.update({"recipe": "regen", "holdout_fingerprint": fingerprint, "split": split})
     meta.setdefault("runs", []).append(run)
     meta["sequences"] = len(done) + writer.written

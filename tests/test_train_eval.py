@@ -64,8 +64,12 @@ def test_walk_result_reads_like_acceptance_stats():
     assert r.acceptance_per_position == [0.75, 0.5, 0.5]
 
 
+def _holdout_prompts_dir(tmp_path):
+    return tmp_path / "holdout"
+
+
 def _holdout_prompts(tmp_path):
-    writer = ShardWriter(tmp_path / "holdout")
+    writer = ShardWriter(_holdout_prompts_dir(tmp_path))
     for i in range(5):
         ids = [256] + list(range(1 + i, 6 + i))
         writer.add(ids, [0] * len(ids), 900 + i)
@@ -83,8 +87,15 @@ def test_answers_to_the_holdout_prompts_measure_a_run_and_never_train_one(tmp_pa
              str(tmp_path / "held-greedy"), "--device", "cpu", "--batch-size", "4", "--max-new-tokens", "12"]
     assert data_main(regen) == 0
     assert json.loads((tmp_path / "held-greedy" / "meta.json").read_text())["split"] == "holdout"
-    assert json.loads((data_dir / "meta.json").read_text() if (data_dir / "meta.json").exists() else "{}") \
-        .get("split") != "holdout"
+    writer = ShardWriter(tmp_path / "train-prompts")  # training prompts: their answers are training data
+    writer.add([256, 7, 8, 9], [0] * 4, 3)
+    writer.flush()
+    train_regen = [a if a != str(_holdout_prompts_dir(tmp_path)) else str(tmp_path / "train-prompts") for a in regen]
+    with pytest.raises(SystemExit, match="holdout"):  # no directory mixes the two
+        data_main(train_regen)
+    train_regen[train_regen.index("--out") + 1] = str(tmp_path / "train-greedy")
+    assert data_main(train_regen) == 0
+    assert json.loads((tmp_path / "train-greedy" / "meta.json").read_text())["split"] == "train"
     with pytest.raises(SystemExit, match="hold-out"):
         _train(target_dir, tmp_path / "held-greedy", tmp_path / "bad", "eagle3", "--max-steps", "1")
     log = _train(target_dir, data_dir, tmp_path / "out", "eagle3", "--max-steps", "3",
