@@ -397,7 +397,9 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     answer = data.answer_tokens()
     eval_data = None
     if args.eval_data and dist.is_main:
-        eval_data, eval_metas = load_training_data(args.eval_data, tok, 4096, False, holdout_ok=True)
+        from demo.train_eval import MAX_LEN
+
+        eval_data, eval_metas = load_training_data(args.eval_data, tok, MAX_LEN, False, holdout_ok=True)
         recorded = {m.get("holdout_fingerprint") for m in eval_metas} - {None}
         if fingerprint and recorded and recorded != {fingerprint}:
             raise SystemExit(f"--eval-data answers the prompts of hold-out split {', '.join(sorted(recorded))}; "

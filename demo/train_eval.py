@@ -29,6 +29,8 @@ import torch
 from demo.train_data import SequenceSet, collate, length_batches
 from demo.train_losses import eagle3_chain_walk, run_target
 
+MAX_LEN = 2048  # walked texts are cut here (hold-out prompts of at most 1,024 tokens + 256 new ones fit)
+
 
 @dataclass
 class WalkResult:
@@ -63,7 +65,7 @@ class WalkResult:
 
 
 def walk_eval(target, drafter, data: SequenceSet, k: int = 7, batch_tokens: int = 16384,
-              max_len: int = 2048) -> WalkResult:
+              max_len: int = MAX_LEN) -> WalkResult:
     """Walk the drafter's T = 0 chains of k drafts over every sequence of `data` (answers the target
     wrote greedily, mask on the answer), in length-bucketed batches of at most batch_tokens padded
     tokens; bf16 autocast on CUDA, as training runs. The drafter is left in the mode it came in."""
@@ -111,7 +113,7 @@ def main(argv=None) -> dict:
 
     hf, tok = load_target(args.target, args.device)
     target = Target(hf)
-    data, metas = load_training_data(args.data, tok, 4096, progress=False, holdout_ok=True)
+    data, metas = load_training_data(args.data, tok, MAX_LEN, progress=False, holdout_ok=True)
     if args.num is not None and args.num < len(data):  # shards run shortest prompt first: a random draw
         data = data.select(np.sort(np.random.default_rng(0).choice(len(data), args.num, replace=False)))
     for m in metas:

@@ -140,7 +140,7 @@ if has_stage train; then
       [ -n "$TRAIN3B_ARGS" ] && train 1 eagle3 "$TRAIN3_MIN" "$INIT3B" eagle3b "$TRAIN3B_ARGS"
       has_stage modes && [[ " $MODES_METHODS " == *" none "* ]] && modes 1 none; } &
     wait
-  else  # one GPU: an A/B variant trains beside EAGLE-3 on it (each at about half its own throughput)
+  else  # one GPU: an A/B variant trains beside EAGLE-3 on it (each got 40 % of a lone run's steps)
     [ -n "$TRAIN3B_ARGS" ] && train 0 eagle3 "$TRAIN3_MIN" "$INIT3B" eagle3b "$TRAIN3B_ARGS" &
     train 0 eagle3 "$TRAIN3_MIN" "$INIT3"
     wait
