@@ -39,6 +39,7 @@ from torch.profiler import schedule as profiler_schedule
 from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
+from demo.head_loss_kernel import backend_for as head_loss_backend
 from demo.train_data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_shards, read_meta
 from demo.train_dist import Dist, init_from_env
 from demo.train_losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
@@ -727,7 +728,7 @@ def _main(args, dist: Dist) -> dict:
         "hot_tokens": None if run.hot is None else {"size": len(run.hot.ids), "coverage": run.hot.coverage},
         "drafter": {"parameters": sum(p.numel() for p in run.params), "config": run.drafter.cfg.to_dict(),
                     "save_dtype": args.save_dtype},
-        "device": _device_info(run.target.device), "final": last, "history": history, "evals": run.evals,
+        "device": _device_info(run.target.device), "head_loss": head_loss_backend(run.target.device), "final": last, "history": history, "evals": run.evals,
     }
     if dist.is_main:
         if args.resume and (out / LOG_FILE).exists():

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from demo.head_loss_kernel import soft_ce_grad_
 from demo.layers import apply_rope, rope_inv_freq, rope_tables
 
 EAGLE_FEATURE_WEIGHT = 1.0  # EAGLE-1's v_w
@@ -145,26 +146,15 @@ class _HeadCrossEntropy(torch.autograd.Function):
         for a in range(0, n_rows, chunk):
             xc = x[a: a + chunk]
             xc = xc.to(weight.dtype) if cast else xc
-            logits = F.linear(xc, weight).float()  # [c, V]
-            picks[a: a + chunk] = logits.argmax(-1)
-            lse = torch.logsumexp(logits, -1)  # [c]
-            p = torch.softmax(source[rows_b[a: a + chunk], rows_s[a: a + chunk]].float(), -1)  # [c, V]
-            row_loss = lse - (p * logits).sum(-1)  # [c]
-            if top is not None:
-                tc = top[a: a + chunk]
-                row_loss += top1_weight * (lse - logits.gather(1, tc[:, None])[:, 0])
-            g = logits.sub_(lse[:, None]).exp_().mul_(1 + (top1_weight if top is not None else 0)).sub_(p)  # dL/dlogits
-            if top is not None:
-                g[torch.arange(len(tc), device=g.device), tc] -= top1_weight
-            if row_weight is not None:
-                wc = row_weight[a: a + chunk].float()
-                row_loss *= wc
-                g.mul_(wc[:, None])
+            logits = F.linear(xc, weight)  # [c, V], becomes dL/dlogits in place
+            row_loss, picks[a: a + chunk] = soft_ce_grad_(
+                logits, source, rows_b[a: a + chunk], rows_s[a: a + chunk],
+                None if top is None else top[a: a + chunk], top1_weight,
+                None if row_weight is None else row_weight[a: a + chunk])
             loss += row_loss.sum()
-            gc = g if not cast else g.to(weight.dtype)
-            grad_x[a: a + chunk] = (gc @ weight).float()
+            grad_x[a: a + chunk] = (logits @ weight).float()
             if grad_w is not None:
-                grad_w += (gc.t() @ xc).float()
+                grad_w += (logits.t() @ xc).float()
         ctx.save_for_backward(grad_x / total_weight, None if grad_w is None else grad_w / total_weight)
         ctx.dtypes = (x.dtype, weight.dtype)
         ctx.mark_non_differentiable(picks)

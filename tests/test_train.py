@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from demo import head_loss_kernel
 from demo.batch_generate import BatchGenConfig, BatchGenerator
 from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
@@ -705,7 +706,7 @@ def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
     method = "eagle3" if shared else method
     log = _train(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3",
                  *(["--share-lm-head", "--hot-tokens", "40", "--top1-weight", "1", "--chain-start-weight", "3"] * shared))
-    assert log["steps"] == 3 and log["stop_reason"] == "max_steps"
+    assert log["steps"] == 3 and log["stop_reason"] == "max_steps" and log["head_loss"] == "torch"
     if method == "eagle3":  # the training-side estimate of acceptance at token 0, logged every window
         assert all(0 <= row["start_acc"] <= 1 for row in log["history"])
     assert set(log["times"]) >= {"load_target_s", "load_data_s", "train_s", "save_s"}
@@ -1071,6 +1072,7 @@ def test_cuda_training_run_in_bf16(tmp_path, method):
            *(["--share-lm-head", "--top1-weight", "1", "--chain-start-weight", "3"] * shared), device="cuda")
     log = json.loads((tmp_path / "out" / "train_log.json").read_text())
     assert log["steps"] == 3 and all(np.isfinite(r["loss"]) for r in log["history"])
+    assert log["head_loss"] == ("triton" if head_loss_kernel.available() else "torch")  # fused on a GPU
     if method == "eagle3":
         assert all(0 <= r["start_acc"] <= 1 for r in log["history"])
     target = Target(LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to("cuda").eval())
