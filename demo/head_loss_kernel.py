@@ -9,7 +9,7 @@ Per row n (p = softmax(source row), lse = logsumexp(logits row), t = top[n], w =
 `torch` is the reference, in eager PyTorch: ~10 full passes over [c, V] in fp32. `triton` reads the
 logits and the source rows twice (statistics, then the gradient) and writes the gradient once, in
 the logits' dtype: at V = 49,152 the sixth run's profile put 60 % of a training step in the eager
-passes (docs/PERFORMANCE.md). tests/test_cuda_kernels.py holds the two equal on random inputs.
+passes (docs/PERFORMANCE.md). tests/test_head_loss_kernel.py holds the two equal on random inputs.
 """
 import os
 
