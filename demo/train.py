@@ -728,7 +728,8 @@ def _main(args, dist: Dist) -> dict:
         "hot_tokens": None if run.hot is None else {"size": len(run.hot.ids), "coverage": run.hot.coverage},
         "drafter": {"parameters": sum(p.numel() for p in run.params), "config": run.drafter.cfg.to_dict(),
                     "save_dtype": args.save_dtype},
-        "device": _device_info(run.target.device), "head_loss": head_loss_backend(run.target.device), "final": last, "history": history, "evals": run.evals,
+        "device": _device_info(run.target.device), "head_loss": head_loss_backend(run.target.device),
+        "final": last, "history": history, "evals": run.evals,
     }
     if dist.is_main:
         if args.resume and (out / LOG_FILE).exists():
