@@ -430,7 +430,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A drafter directory's config.json and every tensor of its weight files (CPU, as stored)."""
     config = _read_json(d / "config.json")
     tensors: dict[str, torch.Tensor] = {}
     for f in _weight_files(d):
@@ -457,7 +458,7 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     hot_tokens: project a shared-head EAGLE-3 onto the rows of its hot_tokens.json only: "auto" on a
     CPU target when the file is there, "on" always (the file must be there), "off" never."""
     d = resolve_drafter_dir(spec)
-    config, tensors = _read_checkpoint(d)
+    config, tensors = read_checkpoint(d)
     plan = _plan(config, {k: tuple(v.shape) for k, v in tensors.items()}, method, target)
     cfg = plan.cfg
     state = {}
@@ -562,32 +563,44 @@ def save_drafter(drafter, out_dir: str | os.PathLike, max_shard_bytes: int = 9_5
     target default (aux_layer_ids None) writes none: vLLM and SGLang read explicit ids one layer
     apart, but agree on the default (2, L//2, L-3).
     """
+    out = Path(out_dir)
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.state_dict().items()
+               if not k.startswith("_target")}  # borrowed target modules are never saved
+    dtype = next(t.dtype for k, t in tensors.items() if t.is_floating_point())
+    write_weights(tensors, out, max_shard_bytes)
+    (out / "config.json").write_text(json.dumps(_config_json(drafter.cfg, dtype), indent=2) + "\n")
+    return out
+
+
+def write_weights(tensors: dict[str, torch.Tensor], out_dir: str | os.PathLike,
+                  max_shard_bytes: int = 9_500_000) -> list[Path]:
+    """Write CPU `tensors` into `out_dir` as ``model.safetensors``, or as shards with
+    ``model.safetensors.index.json`` when one file would pass `max_shard_bytes`; earlier weight
+    files there are removed first. Returns the files written."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.state_dict().items()
-               if not k.startswith("_target")}  # borrowed target modules are never saved
-    dtype = next(t.dtype for k, t in tensors.items() if t.is_floating_point())
     shards = _shard(tensors, max_shard_bytes)
     for stale in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
         stale.unlink()
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        written = [out / "model.safetensors"]
     else:
-        weight_map = {}
+        weight_map, written = {}, []
         for i, shard in enumerate(shards, 1):
             name = SHARD_NAME.format(i, len(shards))
             save_file(shard, str(out / name), metadata={"format": "pt"})
             weight_map.update({k: name for k in shard})
+            written.append(out / name)
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (out / "config.json").write_text(json.dumps(_config_json(drafter.cfg, dtype), indent=2) + "\n")
-    for f in out.glob("model*.safetensors*"):
+    for f in written:
         if f.stat().st_size > max_shard_bytes:
             raise RuntimeError(f"{f.name}: {f.stat().st_size} bytes written, over max_shard_bytes {max_shard_bytes}")
-    return out
+    return written
 
 
 def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:

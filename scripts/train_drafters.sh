@@ -28,6 +28,8 @@ TRAIN3_ARGS=${TRAIN3_ARGS:-}         # more demo.train flags for EAGLE-3, e.g. -
 TRAIN3B_ARGS=${TRAIN3B_ARGS:-}       # an A/B variant: a second EAGLE-3 ($W/eagle3b) with these flags added, on
                                      # GPU 1 after EAGLE-1 (two GPUs, TRAIN3_ALL_GPUS=0) or beside EAGLE-3 on
                                      # one GPU, validated beside it
+AVERAGE=${AVERAGE:-}                 # e.g. "eagle3b eagle3": after training, their weight average lands in
+                                     # $W/eagle3avg (demo.average_drafters; the first gives the hot tokens)
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
@@ -148,6 +150,12 @@ if has_stage train; then
   fi
 fi
 
+if [ -n "$AVERAGE" ]; then  # heads trained from one start: their mean often drafts better than either
+  python3 -m demo.average_drafters --out "$W/eagle3avg" $(for m in $AVERAGE; do echo "$W/$m"; done) \
+    > "$W/logs/average.log" 2>&1
+  log "average ($AVERAGE) into eagle3avg rc=$?"
+fi
+
 if has_stage validate; then
   # First the headline (k = 7, T = 0, VAL_PROMPTS prompts) in each of VAL_HEADLINE_MODES: graph and
   # eager runs of one drafter merge into one row (the merge refuses them if they disagree); compiled
@@ -156,7 +164,8 @@ if has_stage validate; then
   # per (drafter, T, k), so the longest run no longer holds up the stage.
   log "validate"
   v="python3 -m demo.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
-  drafters=${VAL_DRAFTERS:-"eagle3 eagle"}; [ -z "${VAL_DRAFTERS:-}" ] && [ -e "$W/eagle3b/config.json" ] && drafters+=" eagle3b"
+  drafters=${VAL_DRAFTERS:-"eagle3 eagle"}
+  for m in eagle3b eagle3avg; do [ -z "${VAL_DRAFTERS:-}" ] && [ -e "$W/$m/config.json" ] && drafters+=" $m"; done
   i=0
   for m in $drafters; do
     for tag in $VAL_HEADLINE_MODES; do
