@@ -3,8 +3,8 @@
 # train EAGLE-3 and EAGLE-1, validate both on the hold-out, and compare eager / CUDA-graph /
 # compiled decoding on the bench prompts. docs/DRAFTERS.md explains every stage.
 #
-#   python -m demo.train_data prompts --all-turns --out artifacts/prompts-turns   # where ShareGPT is (CPU)
-#   W=artifacts/run bash scripts/train_drafters.sh                                # on the GPU machine
+#   python -m training.data prompts --all-turns --out artifacts/prompts-turns   # where ShareGPT is (CPU)
+#   W=artifacts/run bash training/recipe.sh                                # on the GPU machine
 #
 # With two GPUs the stages run side by side: regeneration is split in halves (--shard), EAGLE-3
 # trains on GPU 0 while EAGLE-1 trains on GPU 1 and then runs the target-only mode comparison there.
@@ -24,19 +24,19 @@ REGEN_SEED=${REGEN_SEED:-0}          # seed of GPU g's pass p: REGEN_SEED + g + 
 TRAIN3_MIN=${TRAIN3_MIN:-9}          # EAGLE-3 training budget
 TRAIN1_MIN=${TRAIN1_MIN:-6}          # EAGLE-1 training budget (0: keep INIT1 as it is)
 TRAIN3_ALL_GPUS=${TRAIN3_ALL_GPUS:-0}  # 1: EAGLE-3 data parallel over every GPU (torchrun), then EAGLE-1
-TRAIN3_ARGS=${TRAIN3_ARGS:-}         # more demo.train flags for EAGLE-3, e.g. --rebuild-draft-vocab
+TRAIN3_ARGS=${TRAIN3_ARGS:-}         # more training.train flags for EAGLE-3, e.g. --rebuild-draft-vocab
 TRAIN3B_ARGS=${TRAIN3B_ARGS:-}       # an A/B variant: a second EAGLE-3 ($W/eagle3b) with these flags added, on
                                      # GPU 1 after EAGLE-1 (two GPUs, TRAIN3_ALL_GPUS=0) or beside EAGLE-3 on
                                      # one GPU, validated beside it
 AVERAGE=${AVERAGE:-}                 # e.g. "eagle3b eagle3": after training, their weight average lands in
-                                     # $W/eagle3avg (demo.average_drafters; the first gives the hot tokens)
+                                     # $W/eagle3avg (training.average; the first gives the hot tokens)
 DATA=${DATA:-}                       # training data (default: this run's regen0..regenN-1)
 EXTRA_DATA=${EXTRA_DATA:-}           # more sources for both trainings, e.g. carried shards: regen:DIR,regen:DIR
 INIT3=${INIT3:-assets/drafters/smollm2-135m-eagle3}   # start from these weights ("" for a fresh head)
 INIT3B=${INIT3B:-$INIT3}             # where the A/B variant eagle3b starts (default: where eagle3 does)
 INIT1=${INIT1:-assets/drafters/smollm2-135m-eagle}
 TRAIN3_EVAL_MIN=${TRAIN3_EVAL_MIN:-2}  # EAGLE-3 runs walk their chains over the target's greedy hold-out
-                                     # answers ($W/holdout-greedy, made first) this often (demo.train_eval); 0: never
+                                     # answers ($W/holdout-greedy, made first) this often (training.walk_eval); 0: never
 VAL_PROMPTS=${VAL_PROMPTS:-50}        # the headline row (k = 7, T = 0)
 VAL_TABLE_PROMPTS=${VAL_TABLE_PROMPTS:-20}  # the full table (k = 1..8, T = 0 and 1)
 VAL_NEW_TOKENS=${VAL_NEW_TOKENS:-256}  # vLLM's spec_decode example default output length
@@ -88,7 +88,7 @@ modes() {  # modes GPU METHOD [drafter dir]: eager, graph and compiled graph on 
 
 merge_validation() {  # merge_validation NAME JSON...: one report, $W/NAME.json and .md, from split validation runs
   local name=$1; shift
-  python3 -m demo.validate --merge "$@" --json "$W/$name.json" --markdown "$W/$name.md" >> "$W/logs/validate-merge.log" 2>&1
+  python3 -m training.validate --merge "$@" --json "$W/$name.json" --markdown "$W/$name.md" >> "$W/logs/validate-merge.log" 2>&1
 }
 
 train() {  # train GPU|all METHOD MINUTES INIT [NAME EXTRA_FLAGS]: the drafter lands in $W/NAME (default METHOD)
@@ -101,7 +101,7 @@ train() {  # train GPU|all METHOD MINUTES INIT [NAME EXTRA_FLAGS]: the drafter l
   local extra=""; [ "$2" = eagle3 ] && extra="$TRAIN3_ARGS ${6:-}"
   [ "$2" = eagle3 ] && [ "$TRAIN3_EVAL_MIN" != 0 ] && [ -e "$W/holdout-greedy/meta.json" ] &&
     extra+=" --eval-data regen:$W/holdout-greedy --eval-every-min $TRAIN3_EVAL_MIN"
-  local args=(-m demo.train --method "$2" --data "$(regen_dirs)" --out "$W/$name" --time-budget-min "$3" $init $extra
+  local args=(-m training.train --method "$2" --data "$(regen_dirs)" --out "$W/$name" --time-budget-min "$3" $init $extra
               --no-progress)
   if [ "$1" = all ]; then
     python3 -m torch.distributed.run --nproc-per-node "$NGPU" "${args[@]}" > "$W/logs/train-$name.log" 2>&1
@@ -116,7 +116,7 @@ if has_stage regen; then
   for ((g = 0; g < NGPU; g++)); do
     for ((p = 0; p < REGEN_PASSES; p++)); do  # one GPU's passes in turn
       s=$g; [ "$p" -gt 0 ] && s="$g-p$p"
-      on_gpu "$g" python3 -m demo.train_data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$s" --shard "$g/$NGPU" \
+      on_gpu "$g" python3 -m training.data regen --prompts "$TRAIN_PROMPTS" --out "$W/regen$s" --shard "$g/$NGPU" \
         --max-new-tokens "$REGEN_NEW_TOKENS" --max-prompt-tokens 512 --batch-size 512 --cuda-graph \
         --temperature "$REGEN_TEMPERATURE" --seed "$((REGEN_SEED + g + p * NGPU))" \
         --time-budget-min "$REGEN_MIN" > "$W/logs/regen$s.log" 2>&1
@@ -128,7 +128,7 @@ fi
 
 if has_stage train; then
   if [ "$TRAIN3_EVAL_MIN" != 0 ] && [ ! -e "$W/holdout-greedy/meta.json" ]; then  # seconds on a GPU
-    on_gpu 0 python3 -m demo.train_data regen --prompts "$HOLDOUT_PROMPTS" --out "$W/holdout-greedy" \
+    on_gpu 0 python3 -m training.data regen --prompts "$HOLDOUT_PROMPTS" --out "$W/holdout-greedy" \
       --max-prompt-tokens 1024 --max-new-tokens "$VAL_NEW_TOKENS" --batch-size 512 --cuda-graph \
       > "$W/logs/regen-holdout-greedy.log" 2>&1
     log "hold-out greedy answers for the training walks rc=$?"
@@ -151,7 +151,7 @@ if has_stage train; then
 fi
 
 if [ -n "$AVERAGE" ]; then  # heads trained from one start: their mean often drafts better than either
-  python3 -m demo.average_drafters --out "$W/eagle3avg" $(for m in $AVERAGE; do echo "$W/$m"; done) \
+  python3 -m training.average --out "$W/eagle3avg" $(for m in $AVERAGE; do echo "$W/$m"; done) \
     > "$W/logs/average.log" 2>&1
   log "average ($AVERAGE) into eagle3avg rc=$?"
 fi
@@ -163,7 +163,7 @@ if has_stage validate; then
   # the table: k = 1..8, T = 0 and 1, VAL_TABLE_PROMPTS prompts, in VAL_TABLE_MODE, one process
   # per (drafter, T, k), so the longest run no longer holds up the stage.
   log "validate"
-  v="python3 -m demo.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
+  v="python3 -m training.validate --prompts $HOLDOUT_PROMPTS --max-new-tokens $VAL_NEW_TOKENS --no-progress"
   drafters=${VAL_DRAFTERS:-"eagle3 eagle"}
   for m in eagle3b eagle3avg; do [ -z "${VAL_DRAFTERS:-}" ] && [ -e "$W/$m/config.json" ] && drafters+=" $m"; done
   i=0

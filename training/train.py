@@ -1,8 +1,8 @@
 """Train an EAGLE or EAGLE-3 drafter for a target, online: the frozen target computes its features
 and distributions for every batch (no feature dump), the drafter learns from them.
 
-    python -m demo.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 8
-    python -m demo.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 10 --resume
+    python -m training.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 8
+    python -m training.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 10 --resume
 
 The run saves the drafter with ``demo.checkpoints.save_drafter`` in OUT (config.json + safetensors
 shards, loadable by ``load_drafter``, vLLM and SGLang), ``OUT/train_log.json`` (time per stage,
@@ -13,10 +13,10 @@ With --time-budget-min the learning-rate schedule runs on elapsed training time,
 cosine decay finish exactly when the budget does; with --max-steps it runs on steps (both: the
 earlier end wins).
 
-On several GPUs of one machine, start it with torchrun (data parallel, demo/train_dist.py); steps
+On several GPUs of one machine, start it with torchrun (data parallel, training/dist.py); steps
 then count global batches of world size x --batch-tokens:
 
-    torchrun --nproc-per-node 2 -m demo.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 ...
+    torchrun --nproc-per-node 2 -m training.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 ...
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from torch.profiler import schedule as profiler_schedule
 from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
-from demo.head_loss_kernel import backend_for as head_loss_backend
-from demo.train_data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_shards, read_meta
-from demo.train_dist import Dist, init_from_env
-from demo.train_losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
+from training.head_loss_kernel import backend_for as head_loss_backend
+from training.data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_training_data, read_meta
+from training.dist import Dist, init_from_env
+from training.losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
 
 STATE_FILE = "checkpoint/train_state.pt"
 PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 5, 2, 5  # --profile: steps skipped, warmed up, recorded
@@ -64,7 +64,7 @@ class Schedule:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m demo.train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--method", choices=("eagle", "eagle3"), required=True)
     p.add_argument("--target", default="default", help="'default' (SmolLM2-135M-Instruct), a directory or hub id")
     p.add_argument("--data", required=True,
@@ -125,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tokens in both vocabularies are kept, new tokens' rows start from the target's")
     p.add_argument("--eval-data", default=None, metavar="SPEC",
                    help="EAGLE-3: regen:DIR of the target's greedy answers to the hold-out prompts; the run walks "
-                        "its chains over them (demo.train_eval: the k = --ttt-steps, T = 0 acceptance) at the end "
+                        "its chains over them (training.walk_eval: the k = --ttt-steps, T = 0 acceptance) at the end "
                         "and every --eval-every-min")
     p.add_argument("--eval-every-min", type=float, default=None, help="with --eval-data: also every this many "
                    "minutes of training (the walks' time is not training time)")
@@ -161,45 +161,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------ data
-def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True,
-                       holdout_ok: bool = False) -> tuple[SequenceSet, list[dict]]:
-    """Sequences of every comma-separated source, cut to max_len, each with >= 2 answer tokens.
-    Answers to the hold-out prompts (a regen of them records split "holdout") are refused unless
-    holdout_ok: they are for measuring (demo.train_eval, --eval-data), never for training."""
-    from demo.loading import cache_dir
-    from demo.train_data import prepare_sharegpt
-
-    sets, metas = [], []
-    for part in spec.split(","):
-        part = part.strip()
-        if part == "sharegpt":
-            d = cache_dir() / "train-data" / f"sharegpt-L{max_len}"
-            if not (d / "meta.json").exists():
-                prepare_sharegpt(tokenizer, d, max_len=max_len, progress=progress)
-        elif part.startswith("regen:"):
-            d = Path(part[len("regen:"):])
-        else:
-            raise SystemExit(f"--data: unknown source {part!r} (use 'sharegpt' or 'regen:DIR')")
-        meta = read_meta(d)
-        if meta.get("split") == "holdout" and not holdout_ok:
-            raise SystemExit(f"--data: {d} answers the hold-out prompts; it can measure a drafter "
-                             f"(--eval-data, demo.train_eval) but never train one")
-        sets.append(load_shards(d))
-        metas.append({"source": part, "dir": str(d), **{k: v for k, v in meta.items() if k != "runs"},
-                      "temperatures": sorted({float(r.get("temperature", 0.0)) for r in meta.get("runs", [])})})
-    data = SequenceSet.concat(sets).truncated(max_len)
-    cumulative = np.concatenate([[0], np.cumsum(data.mask, dtype=np.int64)])
-    answers = cumulative[data.offsets[1:]] - cumulative[data.offsets[:-1]]  # [N] answer tokens per sequence
-    keep = np.flatnonzero((answers >= 2) & (data.lengths > 0))
-    return (data if len(keep) == len(data) else data.select(keep)), metas
-
-
 def check_holdout(data: SequenceSet, metas: list[dict]) -> str | None:
     """Refuse data that came from a held-out ShareGPT record; returns the hold-out fingerprint, or
     None when no sequence came from ShareGPT. The sources' recorded fingerprints must agree (one
     split); where ShareGPT is installed every record index is checked against its split too, and
     where it is not (the GPU machine) the recorded fingerprint is what the run keeps."""
-    from demo.train_data import read_sharegpt, split_holdout
+    from training.data import read_sharegpt, split_holdout
 
     sources = data.source[data.source >= 0]
     if not len(sources):
@@ -207,20 +174,20 @@ def check_holdout(data: SequenceSet, metas: list[dict]) -> str | None:
     recorded = sorted({m["holdout_fingerprint"] for m in metas if m.get("holdout_fingerprint")})
     if len(recorded) > 1:
         raise SystemExit(f"training data from different hold-out splits ({', '.join(recorded)}): "
-                         "export every source's prompts with one version of demo.train_data")
+                         "export every source's prompts with one version of training.data")
     try:
         split = split_holdout(read_sharegpt())
     except FileNotFoundError:
         return recorded[0] if recorded else None
     if recorded and recorded[0] != split.fingerprint():
         raise SystemExit(f"training data recorded hold-out split {recorded[0]}, and this ShareGPT's split is "
-                         f"{split.fingerprint()}: regenerate it with this version of demo.train_data")
+                         f"{split.fingerprint()}: regenerate it with this version of training.data")
     allowed = np.zeros(len(split.train) + len(split.holdout), dtype=bool)
     allowed[[r.index for r in split.train]] = True
     bad = sources[(sources >= len(allowed)) | ~allowed[np.minimum(sources, len(allowed) - 1)]]
     if len(bad):
         raise SystemExit(f"training data holds {len(bad)} sequences from held-out ShareGPT records "
-                         f"(first: record {int(bad[0])}); regenerate it with this version of demo.train_data")
+                         f"(first: record {int(bad[0])}); regenerate it with this version of training.data")
     return split.fingerprint()
 
 
@@ -398,7 +365,7 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     answer = data.answer_tokens()
     eval_data = None
     if args.eval_data and dist.is_main:
-        from demo.train_eval import MAX_LEN
+        from training.walk_eval import MAX_LEN
 
         eval_data, eval_metas = load_training_data(args.eval_data, tok, MAX_LEN, False, holdout_ok=True)
         recorded = {m.get("holdout_fingerprint") for m in eval_metas} - {None}
@@ -665,7 +632,7 @@ def train_loop(run: Run) -> tuple[list[dict], str]:
 def evaluate(run: Run) -> None:
     """Walk the drafter's chains over --eval-data (rank 0; the others wait), print the line and
     add {"step", "trained_s", "eval": WalkResult.to_dict()} to run.evals."""
-    from demo.train_eval import walk_eval
+    from training.walk_eval import walk_eval
 
     if run.dist.is_main:
         r = walk_eval(run.target, run.drafter, run.eval_data, run.args.ttt_steps, run.args.batch_tokens)

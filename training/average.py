@@ -6,7 +6,7 @@ run's two arms: docs/DRAFTERS.md). The inputs must be the same architecture, sav
 config.json, the same tensor names, shapes and dtypes; integer tensors (a draft vocabulary's maps)
 must be equal. Floats are averaged in float32 and stored back in their own dtype.
 
-    python -m demo.average_drafters --out DIR RUN_A RUN_B [--weights 0.5 0.5]
+    python -m training.average --out DIR RUN_A RUN_B [--weights 0.5 0.5]
 
 OUT gets config.json and the weights (sharded as ``save_drafter`` shards them), the first input's
 hot_tokens.json if it has one, and average_log.json: the inputs, their weights, how far apart they
@@ -95,7 +95,7 @@ def average_drafters(inputs: list[str | Path], out_dir: str | Path, weights: lis
 
 
 def main(argv=None) -> Path:
-    p = argparse.ArgumentParser(prog="python -m demo.average_drafters", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.average", description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="drafter directories (two or more), trained from one start")
     p.add_argument("--out", required=True, help="where the averaged drafter goes")
     p.add_argument("--weights", type=float, nargs="+", help="one per input, summing to 1 (default: equal)")

@@ -3,15 +3,15 @@
 At T = 0 a lossless engine writes the target's own greedy text whatever the drafter, and each
 chain's fate is fixed by that text: the chain rooted at slot i accepts its leading drafts that
 equal the text, and the next chain is rooted right after. So the target's greedy answers to the
-hold-out prompts, regenerated once (`demo.train_data regen --prompts artifacts/prompts/holdout`),
+hold-out prompts, regenerated once (`training.data regen --prompts artifacts/prompts/holdout`),
 measure any EAGLE-3 head in one teacher-forced pass per batch (`eagle3_chain_walk`): the mean
-acceptance length and the acceptance at each token of `demo.validate`'s k = 7, T = 0 row, on every
+acceptance length and the acceptance at each token of `training.validate`'s k = 7, T = 0 row, on every
 hold-out prompt, in seconds on a GPU and minutes on a CPU. On the engine's own output the walk is
 its run, draft for draft (tests/test_train.py); on regenerated text the two can part where a
-batched forward rounds a near-tie the other way, so `demo.validate` stays the measurement of
-record and this is the one to compare heads and follow training with (`demo.train --eval-data`).
+batched forward rounds a near-tie the other way, so `training.validate` stays the measurement of
+record and this is the one to compare heads and follow training with (`training.train --eval-data`).
 
-    python -m demo.train_eval --drafter assets/drafters/smollm2-135m-eagle3 --data regen:artifacts/holdout-greedy
+    python -m training.walk_eval --drafter assets/drafters/smollm2-135m-eagle3 --data regen:artifacts/holdout-greedy
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from demo.train_data import SequenceSet, collate, length_batches
-from demo.train_losses import eagle3_chain_walk, run_target
+from training.data import SequenceSet, collate, length_batches
+from training.losses import eagle3_chain_walk, run_target
 
 MAX_LEN = 2048  # walked texts are cut here (hold-out prompts of at most 1,024 tokens + 256 new ones fit)
 
@@ -94,7 +94,7 @@ def walk_eval(target, drafter, data: SequenceSet, k: int = 7, batch_tokens: int 
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m demo.train_eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.walk_eval", description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", required=True, action="append", help="an EAGLE-3 drafter directory or hub id "
                    "(repeat to compare heads on one pass of loading)")
     p.add_argument("--data", required=True, help="regen:DIR[,regen:DIR...]: the target's greedy answers")
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
     from demo.checkpoints import load_drafter
     from demo.loading import load_target
     from demo.target import Target
-    from demo.train import load_training_data
+    from training.data import load_training_data
 
     hf, tok = load_target(args.target, args.device)
     target = Target(hf)

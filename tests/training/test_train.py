@@ -15,14 +15,14 @@ import torch.nn.functional as F
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from demo import head_loss_kernel
-from demo.batch_generate import BatchGenConfig, BatchGenerator
+from training import head_loss_kernel
+from training.generate import BatchGenConfig, BatchGenerator
 from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
-from demo.train_data import (
+from training.data import (
     Record,
     SequenceSet,
     ShardWriter,
@@ -34,7 +34,7 @@ from demo.train_data import (
     read_sharegpt,
     split_holdout,
 )
-from demo.train_losses import (
+from training.losses import (
     chain_acceptance,
     eagle3_loss,
     eagle3_ttt_forward,
@@ -450,8 +450,8 @@ def test_installed_sharegpt_holdout_is_disjoint_from_training():
 
 def test_training_refuses_held_out_records_and_mixed_splits_and_keeps_the_recorded_split_without_sharegpt(
         monkeypatch):
-    from demo import train_data
-    from demo.train import check_holdout
+    from training import data as train_data
+    from training.train import check_holdout
 
     ids = ["a_0", "b_0", "c_0", "d_0", "e_0"]
     split = split_holdout(_records(ids, ["pa", "pb", "pc", "pd", "pe"]), n=2)  # train: records 0-2
@@ -574,7 +574,7 @@ def test_batched_generation_stops_when_asked():
 
 
 def test_regen_cli_writes_masked_answers_and_resumes(tmp_path):
-    from demo.train_data import main as data_main
+    from training.data import main as data_main
 
     target_dir, _ = _tiny_run_inputs(tmp_path)
     writer = ShardWriter(tmp_path / "prompts")
@@ -599,7 +599,7 @@ def test_regen_cli_writes_masked_answers_and_resumes(tmp_path):
 
 
 def test_regen_shards_split_distinct_prompts_disjointly_and_resume_per_prompt(tmp_path):
-    from demo.train_data import main as data_main
+    from training.data import main as data_main
 
     target_dir, _ = _tiny_run_inputs(tmp_path)
     writer = ShardWriter(tmp_path / "prompts")
@@ -628,7 +628,7 @@ def test_regen_shards_split_distinct_prompts_disjointly_and_resume_per_prompt(tm
 
 
 def test_all_turns_prompt_export_keeps_distinct_training_turns_and_no_holdout_text(tmp_path, monkeypatch):
-    from demo.train_data import export_prompts
+    from training.data import export_prompts
 
     rows = [{"id": "a_0", "conversations": [{"from": "human", "value": "first a"}, {"from": "gpt", "value": "x"},
                                              {"from": "human", "value": "continue"}, {"from": "gpt", "value": "y"},
@@ -638,7 +638,7 @@ def test_all_turns_prompt_export_keeps_distinct_training_turns_and_no_holdout_te
             {"id": "c_0", "conversations": [{"from": "human", "value": "held q"}, {"from": "gpt", "value": "w"}]}]
     (tmp_path / "sg.json").write_text(json.dumps(rows))
     monkeypatch.setenv("SPECLENS_SHAREGPT", str(tmp_path / "sg.json"))
-    monkeypatch.setattr("demo.train_data.HOLDOUT", 1)
+    monkeypatch.setattr("training.data.HOLDOUT", 1)
     tok = byte_tokenizer()
 
     def texts(d):
@@ -657,7 +657,7 @@ def test_all_turns_prompt_export_keeps_distinct_training_turns_and_no_holdout_te
 
 
 def test_validation_prompts_from_an_exported_directory(tmp_path):
-    from demo.validate import holdout_prompt_ids
+    from training.validate import holdout_prompt_ids
 
     writer = ShardWriter(tmp_path)
     rows = [[256, i, i + 1] for i in range(8)] + [[256] + [1] * 50]
@@ -690,7 +690,7 @@ def _tiny_run_inputs(tmp_path):
 
 
 def _train(target_dir, data_dir, out, method, *extra, device="cpu"):
-    from demo.train import main
+    from training.train import main
 
     return main(["--method", method, "--target", str(target_dir), "--data", f"regen:{data_dir}", "--out", str(out),
                  "--device", device, "--batch-tokens", "512", "--max-len", "128", "--draft-vocab", "64",
@@ -774,7 +774,7 @@ def test_two_rank_data_parallel_run_stays_in_lockstep_and_saves_one_drafter(tmp_
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-           "-m", "demo.train", "--method", "eagle3", "--target", str(target_dir), "--data", f"regen:{data_dir}",
+           "-m", "training.train", "--method", "eagle3", "--target", str(target_dir), "--data", f"regen:{data_dir}",
            "--out", str(tmp_path / "ddp"), "--device", "cpu", "--batch-tokens", "512", "--max-len", "128",
            "--draft-vocab", "64", "--ttt-steps", "3", "--log-every", "1", "--no-progress", "--epochs", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
@@ -922,7 +922,7 @@ def test_time_budget_stops_training_cleanly(tmp_path):
 
 # ------------------------------------------------------------------------------------ validation
 def test_validation_runs_and_tabulates():
-    from demo.validate import markdown_table, run
+    from training.validate import markdown_table, run
 
     target = Target(tiny_hf(seed=6))
     aux = target.config.default_aux_layers()
@@ -937,7 +937,7 @@ def test_validation_runs_and_tabulates():
 
 def test_prompt_shards_of_a_validation_add_up_to_the_whole_run_count_for_count(tmp_path):
     from demo.checkpoints import save_drafter
-    from demo.validate import main as validate
+    from training.validate import main as validate
 
     target_dir, _ = _tiny_run_inputs(tmp_path)
     target = Target(LlamaForCausalLM.from_pretrained(target_dir).eval())
@@ -973,7 +973,7 @@ def test_prompt_shards_of_a_validation_add_up_to_the_whole_run_count_for_count(t
 
 
 def test_split_validation_runs_merge_into_the_single_runs_table():
-    from demo.validate import merge_reports
+    from training.validate import merge_reports
 
     def report(rows, mode="eager", **kw):
         base = {"prompts": 2, "holdout_fingerprint": "f", "max_new_tokens": 8, "max_prompt_tokens": 64, "seed": 0,

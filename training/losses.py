@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from demo.head_loss_kernel import soft_ce_grad_
+from training.head_loss_kernel import soft_ce_grad_
 from demo.layers import apply_rope, rope_inv_freq, rope_tables
 
 EAGLE_FEATURE_WEIGHT = 1.0  # EAGLE-1's v_w

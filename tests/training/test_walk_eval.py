@@ -1,4 +1,4 @@
-"""The walk (demo/train_eval.py): the engine's T = 0 acceptance measured on greedy text without
+"""The walk (training/walk_eval.py): the engine's T = 0 acceptance measured on greedy text without
 decoding, and the hold-out answers it reads, which no run may train on."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from demo.engine import Engine, GenerationConfig
-from demo.train_data import SequenceSet, ShardWriter, load_shards
-from demo.train_eval import WalkResult, walk_eval
-from demo.train_losses import eagle3_chain_walk, run_target
-from tests.test_train import _tiny_pair, _tiny_run_inputs, _train
+from training.data import SequenceSet, ShardWriter, load_shards
+from training.walk_eval import WalkResult, walk_eval
+from training.losses import eagle3_chain_walk, run_target
+from tests.training.test_train import _tiny_pair, _tiny_run_inputs, _train
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle3-shared"])
@@ -79,8 +79,8 @@ def _holdout_prompts(tmp_path):
 
 
 def test_answers_to_the_holdout_prompts_measure_a_run_and_never_train_one(tmp_path):
-    from demo.train_data import main as data_main
-    from demo.train_eval import main as eval_main
+    from training.data import main as data_main
+    from training.walk_eval import main as eval_main
 
     target_dir, data_dir = _tiny_run_inputs(tmp_path)
     regen = ["regen", "--prompts", str(_holdout_prompts(tmp_path)), "--target", str(target_dir), "--out",
@@ -112,7 +112,7 @@ def test_answers_to_the_holdout_prompts_measure_a_run_and_never_train_one(tmp_pa
 
 
 def test_eval_flags_are_eagle3s_and_need_their_data():
-    from demo.train import parse_args
+    from training.train import parse_args
 
     base = ["--data", "regen:x", "--out", "y", "--max-steps", "1"]
     with pytest.raises(SystemExit):

@@ -1,12 +1,12 @@
-"""Data-parallel training over the GPUs of one machine, for ``demo.train`` started by torchrun:
+"""Data-parallel training over the GPUs of one machine, for ``training.train`` started by torchrun:
 
-    torchrun --nproc-per-node 2 -m demo.train --method eagle3 --data regen:artifacts/regen ...
+    torchrun --nproc-per-node 2 -m training.train --method eagle3 --data regen:artifacts/regen ...
 
 Every rank holds the frozen target and the whole drafter, takes every world-th batch of the
 epoch's shared order, and averages its gradients with the others before the optimiser step, so the
 ranks stay in lockstep (checked at the end). Time, stop decisions and throughput are agreed on by
 all-reduces; rank 0 alone writes checkpoints, logs and the drafter. A plain ``python -m
-demo.train`` is world size 1 and touches none of this.
+training.train`` is world size 1 and touches none of this.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ It also checks that the engine's first drafts are the training forward's at ever
 engine that lost acceptance to its own bookkeeping would differ) and counts the first drafts lost
 to target tokens outside the draft vocabulary.
 
-    python scripts/drafter_gap.py --drafter assets/drafters/smollm2-135m-eagle3 \
+    python training/drafter_gap.py --drafter assets/drafters/smollm2-135m-eagle3 \
         --holdout artifacts/prompts/holdout --train artifacts/regen-c/regen0 --num 8 --device cpu
 """
 
@@ -21,9 +21,9 @@ from demo.engine import Engine, GenerationConfig
 from demo.loading import load_target
 from demo.metrics import AcceptanceStats
 from demo.target import Target
-from demo.train_data import load_shards
-from demo.train_losses import TargetBatch, eagle3_loss, eagle3_ttt_forward, rope_for, run_target
-from demo.validate import holdout_prompt_ids
+from training.data import load_shards
+from training.losses import TargetBatch, eagle3_loss, eagle3_ttt_forward, rope_for, run_target
+from training.validate import holdout_prompt_ids
 
 
 def target_pass(target, aux, ids: list[int], mask: list[int]) -> TargetBatch:

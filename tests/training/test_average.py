@@ -1,4 +1,4 @@
-"""Averaging drafters (demo.average_drafters): the result is the weighted mean of the inputs, saved
+"""Averaging drafters (training.average): the result is the weighted mean of the inputs, saved
 in the layout every loader reads; heads that cannot be averaged are refused."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from demo.average_drafters import average_drafters, main
+from training.average import average_drafters, main
 from demo.checkpoints import DrafterLoadError, load_drafter, read_checkpoint, save_drafter, write_hot_tokens
 from tests.tiny import tiny_drafter, tiny_target
 

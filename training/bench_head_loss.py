@@ -1,16 +1,16 @@
-"""Times the EAGLE-3 head loss (demo.train_losses.head_cross_entropy, forward + backward) with the
+"""Times the EAGLE-3 head loss (training.losses.head_cross_entropy, forward + backward) with the
 PyTorch reference and with the Triton kernel at a training step's shape: one TTT step's rows
 against the target's full vocabulary, bf16 autocast. CUDA only.
 
-    python scripts/bench_head_loss.py [--rows 10240] [--vocab 49152] [--hidden 576]
+    python training/bench_head_loss.py [--rows 10240] [--vocab 49152] [--hidden 576]
 """
 import argparse
 import os
 
 import torch
 
-from demo.head_loss_kernel import BACKEND_ENV
-from demo.train_losses import head_cross_entropy
+from training.head_loss_kernel import BACKEND_ENV
+from training.losses import head_cross_entropy
 
 
 def main():

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from demo import head_loss_kernel as K  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from training import head_loss_kernel as K  # noqa: E402
 
 # (V, top1 weight, row weights, dtype): vocabularies of one block, of a block and a bit, of three blocks
 CASES = [(50, 0.0, False, torch.float32), (50, 0.7, True, torch.float32), (300, 1.0, False, torch.bfloat16),
@@ -66,5 +66,5 @@ def test_auto_backend_is_the_reference_on_a_cpu():
     assert torch.equal(logits, want)
 
 
-if __name__ == "__main__":  # python tests/test_head_loss_kernel.py [cuda]: the check alone (cpu: interpreter)
+if __name__ == "__main__":  # python tests/training/test_head_loss_kernel.py [cuda]: the check alone (cpu: interpreter)
     print(f"compared {check(sys.argv[1] if len(sys.argv) > 1 else 'cpu')} rows")

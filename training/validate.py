@@ -1,12 +1,12 @@
 """Validate drafters on the held-out ShareGPT prompts: mean acceptance length and acceptance at
 every draft token, for each speculation depth k and temperature, through the app's own engine.
 
-    python -m demo.validate --drafter assets/drafters/smollm2-135m-eagle3 \
+    python -m training.validate --drafter assets/drafters/smollm2-135m-eagle3 \
         --drafter assets/drafters/smollm2-135m-eagle --num-prompts 50 --json runs/validate.json
 
 Prompts are the first user turns of the last 1000 ShareGPT records (never trained on; see
-demo/train_data.py), read from the installed ShareGPT or from ``--prompts DIR`` (exported by
-``python -m demo.train_data prompts``, for machines without it), a fixed-seed subsample with
+training/data.py), read from the installed ShareGPT or from ``--prompts DIR`` (exported by
+``python -m training.data prompts``, for machines without it), a fixed-seed subsample with
 --num-prompts. Every (drafter, T, k) is a separate
 run over the same prompts (acceptance at k depends on where steps begin, so k cannot be read off a
 deeper run). Metrics use demo/metrics.py's definitions: mean acceptance length includes the
@@ -15,7 +15,7 @@ Graph mode changes nothing but time, so ``--mode cudagraph`` gives the same tabl
 
 Runs split over processes or GPUs (one --ks / --temperatures / --drafter subset each, same prompts,
 or one ``--shard I/N`` of the prompts each) are joined into one table with ``python -m
-demo.validate --merge a.json b.json ... --json all.json``: shards of a row add up to the row the
+training.validate --merge a.json b.json ... --json all.json``: shards of a row add up to the row the
 whole prompt set gives, count for count (sampling seeds follow each prompt's place in the set).
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m demo.validate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.validate", description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", action="append", help="drafter directory or hub id (repeatable)")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="join the reports of split runs (same prompts) into one; runs nothing")
@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.compile captured steps (cudagraph mode): the drafter's (default) or all, "
                         "verification too; rows of their own, next to eager's acceptance")
     p.add_argument("--prompts", default=None, metavar="DIR",
-                   help="exported hold-out prompts (OUT/holdout of `python -m demo.train_data prompts`); "
+                   help="exported hold-out prompts (OUT/holdout of `python -m training.data prompts`); "
                         "default: read the installed ShareGPT")
     p.add_argument("--num-prompts", type=int, default=50,
                    help="fixed-seed subsample of the hold-out prompts (0: all of them)")
@@ -88,7 +88,7 @@ def holdout_prompt_ids(tokenizer, num: int | None, max_tokens: int, seed: int,
     import numpy as np
 
     from demo.prompts import chat_ids
-    from demo.train_data import validation_prompts
+    from training.data import validation_prompts
 
     prompts, fingerprint = validation_prompts(prompts_dir)
     ids = [p if isinstance(p, list) else chat_ids(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
