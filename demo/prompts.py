@@ -1,5 +1,6 @@
 """Turning conversations into prompt token ids with the target's chat template, and reading prompt
-files in the MT-bench / Spec-Bench question format."""
+files in the MT-bench / Spec-Bench question format. Bundled in assets/prompts/: quick.jsonl, questions.jsonl and
+categories.jsonl (10 questions in each of 8 categories), the last two validation sets that training never reads."""
 
 from __future__ import annotations
 
