@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from demo.methods import COMPILE_SCOPES, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label, num_drafts
+
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "questions.jsonl"
 WARMUP_MAX_NEW_TOKENS = 16  # enough to capture and compile every step function; kept short for CPU runs
 
@@ -37,12 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--hot-tokens", choices=("auto", "on", "off"), default="auto",
                    help="a shared-head EAGLE-3's hot_tokens.json: 'auto' drafts over those tokens only on a "
                         "CPU, 'on' always, 'off' never (the full vocabulary)")
-    m.add_argument("--method", choices=("eagle", "eagle3", "none"), default="eagle3",
+    m.add_argument("--method", choices=METHODS, default="eagle3",
                    help="drafter family; 'none' decodes with the target alone")
     m.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="draft tokens per step (k)")
     e = p.add_argument_group("engine")
-    e.add_argument("--mode", choices=("eager", "cudagraph"), default="eager")
-    e.add_argument("--compile", nargs="?", const="drafter", default=None, choices=("drafter", "all"),
+    e.add_argument("--mode", choices=MODES, default="eager")
+    e.add_argument("--compile", nargs="?", const="drafter", default=None, choices=COMPILE_SCOPES,
                    help="torch.compile captured steps (cudagraph mode): the drafter's (default; the output "
                         "stays eager's token for token), or all of them, verification too (fastest; the "
                         "target's numerics change, so the text may move at near-ties)")
@@ -70,8 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.add_argument("--json", default=None, metavar="OUT", help="write per-prompt records and totals here")
     args = p.parse_args(argv)
 
-    if args.method != "none" and not 1 <= args.num_spec_tokens <= 32:
-        p.error(f"--num-spec-tokens must be in 1..32, not {args.num_spec_tokens}")
+    if args.method != "none" and not 1 <= args.num_spec_tokens <= MAX_SPEC_TOKENS:
+        p.error(f"--num-spec-tokens must be in 1..{MAX_SPEC_TOKENS}, not {args.num_spec_tokens}")
     if args.method == "none" and args.drafter:
         p.error("--drafter has no use with --method none")
     if args.method != "none" and args.drafter is None and args.target != "default":
@@ -158,12 +160,12 @@ def load_questions(args: argparse.Namespace) -> list[dict]:
 
 
 def generation_config(args: argparse.Namespace, speculate: bool = True, max_new_tokens: int | None = None):
+    """The engine's settings for this run; speculate=False: the same run with the target alone."""
     from demo.engine import GenerationConfig
 
     return GenerationConfig(max_new_tokens=max_new_tokens or args.max_new_tokens,
-                            num_spec_tokens=args.num_spec_tokens if args.method != "none" else 0,
-                            speculate=speculate and args.method != "none", temperature=args.temperature,
-                            top_p=args.top_p, seed=args.seed)
+                            num_spec_tokens=num_drafts(args.method, args.num_spec_tokens) if speculate else 0,
+                            temperature=args.temperature, top_p=args.top_p, seed=args.seed)
 
 
 def decode(engine, prompt_ids: list[int], gen):
@@ -209,7 +211,7 @@ def run(args: argparse.Namespace) -> dict:
     questions = load_questions(args)
     engine, tokenizer = build_engine(args)
     warmup_s = warm_up(engine, tokenizer, questions, args)
-    k = args.num_spec_tokens if args.method != "none" else 0
+    k = num_drafts(args.method, args.num_spec_tokens)
     totals = AcceptanceStats(num_spec_tokens=k)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
     records = []
@@ -264,8 +266,8 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
     return {"target": args.target, "target_name": DEFAULT_TARGET_NAME if args.target == "default" else args.target,
             "drafter": drafter_spec(args), "method": args.method,
             "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
-            "k": args.num_spec_tokens if args.method != "none" else 0, "mode": args.mode, "compile": args.compile or False,
-            "device": str(dev), "dtype": str(engine.target.dtype).replace("torch.", ""),
+            "k": num_drafts(args.method, args.num_spec_tokens), "mode": args.mode, "compile": args.compile or False,
+            "device": str(dev), "dtype": dtype_label(engine.target.dtype),
             "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
             "seed": args.seed, "max_new_tokens": args.max_new_tokens,
             "prompts": args.prompts or (None if args.prompt is not None else str(DEFAULT_PROMPTS)),
@@ -283,7 +285,7 @@ def format_report(report: dict) -> str:
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
     if c.get("draft_vocab"):
         drafter += f" (drafting over {c['draft_vocab']:,} tokens)"
-    mode = c["mode"] + {"all": "+compile(all)", "drafter": "+compile(drafter)"}.get(c["compile"] or "", "")
+    mode = mode_label(c["mode"], c["compile"])
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
              f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",
@@ -320,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as e:  # argparse has printed its usage and reason
         return int(e.code or 0)
+    from demo.checkpoints import DrafterLoadError
     from demo.loading import LoadError
 
-    errors = (LoadError, ValueError, _drafter_load_error())
+    errors = (LoadError, ValueError, DrafterLoadError)
     try:
         report = run(args)
     except errors as e:
@@ -340,14 +343,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"wrote {args.json}")
     return 0
-
-
-def _drafter_load_error() -> type[Exception]:
-    try:
-        from demo.checkpoints import DrafterLoadError
-    except ImportError:  # checkpoints not available: nothing to catch beyond LoadError/ValueError
-        return ValueError
-    return DrafterLoadError
 
 
 def _one_line(e: Exception) -> str:

@@ -44,10 +44,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from demo.drafter_common import DrafterConfig
-from demo.drafter_eagle import EagleDrafter
-from demo.drafter_eagle3 import Eagle3Drafter
+from demo.drafter_common import DrafterBase, DrafterConfig
 from demo.layers import rope_inv_freq
+from demo.methods import DRAFTER_CLASSES, dtype_label
 
 __all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter_config", "write_hot_tokens"]
 
@@ -58,7 +57,6 @@ EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM",)
 EITHER_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ARCHITECTURES = EAGLE3_ARCHITECTURES + SPECULATORS_ARCHITECTURES + EAGLE_ARCHITECTURES + EITHER_ARCHITECTURES
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
-DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 SAVED_MAX_POSITIONS = 8192  # written for other engines, which size the drafter's RoPE by it (vLLM #48894)
 HOT_TOKENS_FILE = "hot_tokens.json"  # a shared-head EAGLE-3's most frequent target tokens (read by SpecLens only)
@@ -450,7 +448,7 @@ def _first_line(e: Exception) -> str:
 
 # ---------------------------------------------------------------------------------------- loading
 def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
-                 hot_tokens: str = "auto") -> EagleDrafter | Eagle3Drafter:
+                 hot_tokens: str = "auto") -> DrafterBase:
     """Load a drafter for `target` from a local directory or a hub id, in the target's dtype and on
     its device, sharing its embedding (and the lm_head of EAGLE-1 and shared-head EAGLE-3).
     Everything that would not fit the target is refused here, before any generation;
@@ -630,7 +628,7 @@ def _config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
         "num_hidden_layers": 1, "vocab_size": cfg.vocab_size, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta, "max_position_embeddings": SAVED_MAX_POSITIONS,
         "attention_bias": cfg.attention_bias, "tie_word_embeddings": False,
-        "torch_dtype": str(dtype).replace("torch.", ""),
+        "torch_dtype": dtype_label(dtype),
     }
     if cfg.rope_scaling:
         common["rope_scaling"] = dict(cfg.rope_scaling)

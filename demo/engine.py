@@ -16,7 +16,6 @@ time. The engine works on token ids and knows nothing of tokenizers or user inte
 
 from __future__ import annotations
 
-import copy
 import time
 import types
 from dataclasses import dataclass, field
@@ -24,29 +23,24 @@ from typing import Callable, Iterator
 
 import torch
 
+from demo.methods import COMPILE_SCOPES, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
-
-COMPILE_SCOPES = ("drafter", "all")  # what --compile compiles: the drafter's steps (default), or every step
-MODES = ("eager", "cudagraph")
-METHODS = ("none", "eagle", "eagle3")
 
 
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 256
-    num_spec_tokens: int = 3  # k; 0 when the engine has no drafter or speculate is False
-    speculate: bool = True  # False: target-only decoding (method "none") through the same engine
+    num_spec_tokens: int = 3  # k; 0: target-only decoding through the same engine (so with no drafter)
     temperature: float = 0.0
     top_p: float = 1.0
-    top_k: int = 0
     seed: int = 0
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's eos ids
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p, self.top_k)
+        return SamplingParams(self.temperature, self.top_p)
 
 
 @dataclass
@@ -80,7 +74,7 @@ class StepBuffers:
     draft_token: torch.Tensor  # [1, 1] int64: first draft of the chain
     draft_hidden: torch.Tensor  # [1, 1, Hd]
     draft_position: torch.Tensor  # [1, 1] int64
-    result: torch.Tensor  # [1 + 2(k+1) + k] float64: accepted, tokens, token probs, drafts
+    result: torch.Tensor  # [packed_size(k)] float64: pack_result's layout
     features: torch.Tensor | None = None  # [1, k+1, F] target features of the last verification
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
@@ -196,10 +190,8 @@ class Engine:
         drafter.setup_cache(self.max_context)
 
     def describe(self) -> dict:
-        compiled = {"all": "+compile(all)", "drafter": "+compile(drafter)"}.get(self.compile or "", "")
-        return {"method": self.method, "mode": self.mode + compiled,
-                "device": str(self.device), "dtype": str(self.target.dtype).replace("torch.", ""),
-                "max_context": self.max_context}
+        return {"method": self.method, "mode": mode_label(self.mode, self.compile),
+                "device": str(self.device), "dtype": dtype_label(self.target.dtype), "max_context": self.max_context}
 
     def prepare(self, k: int) -> StepBuffers:
         """Allocate the persistent buffers for depth k and, in cudagraph mode, capture every step
@@ -220,7 +212,7 @@ class Engine:
             draft_token=zeros(1, 1),
             draft_hidden=zeros(1, 1, hd, dtype=t.dtype),
             draft_position=zeros(1, 1),
-            result=zeros(1 + 2 * (k + 1) + k, dtype=torch.float64),
+            result=zeros(packed_size(k), dtype=torch.float64),
         )
         self._buffers[k] = b
         if self.mode == "cudagraph":
@@ -292,7 +284,7 @@ class Engine:
         # the next verification starts from the target's own token, one past the last emitted
         b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
         b.verify_positions.add_(n + 1)
-        b.result.copy_(torch.cat((n.view(1).double(), tokens.double(), token_probs.double(), drafts.double())))
+        b.result.copy_(pack_result(n, tokens, token_probs, drafts))
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
@@ -303,9 +295,9 @@ class Engine:
             raise ValueError("the prompt is empty")
         if gen.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        k = gen.num_spec_tokens if self.drafter is not None and gen.speculate else 0
-        if k and not 1 <= k <= 32:
-            raise ValueError(f"num_spec_tokens must be in 1..32, not {k}")
+        k = gen.num_spec_tokens if self.drafter is not None else 0
+        if not 0 <= k <= MAX_SPEC_TOKENS:
+            raise ValueError(f"num_spec_tokens must be in 0..{MAX_SPEC_TOKENS}, not {k}")
         need = len(prompt_ids) + gen.max_new_tokens + k + 1
         if need > self.max_context:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + k + 1 "
@@ -349,10 +341,7 @@ class Engine:
             timer.mark()
             packed = b.result.tolist()  # the one device-to-host sync of this step
             draft_ms, verify_ms = timer.read()
-            n = int(packed[0])
-            tokens = [int(t) for t in packed[1:k + 2]][: n + 1]
-            probs = packed[k + 2: 2 * k + 3][: n + 1]
-            drafts = [int(t) for t in packed[2 * k + 3:]]
+            n, tokens, probs, drafts = unpack_result(packed, k)
             if k:
                 stats.observe_draft(k, n)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
@@ -390,6 +379,28 @@ class Engine:
             b.draft_position.fill_(P)
         first = int(token.item())  # the prefill's one host sync: the first token streams at once
         return first, float(probs[0, first])
+
+
+# ---------------------------------------------------------------------- the packed step result
+# One float64 tensor per step, read with one host sync: [accepted, tokens (k+1), their target
+# probabilities (k+1), drafts (k)]. Token ids below 2**53 are exact in float64.
+def packed_size(k: int) -> int:
+    return 1 + 2 * (k + 1) + k
+
+
+def pack_result(n: torch.Tensor, tokens: torch.Tensor, token_probs: torch.Tensor,
+                drafts: torch.Tensor) -> torch.Tensor:
+    """n: [] accepted; tokens, token_probs: [k+1]; drafts: [k] -> [packed_size(k)] float64 (on the device)."""
+    return torch.cat((n.view(1).double(), tokens.double(), token_probs.double(), drafts.double()))
+
+
+def unpack_result(packed: list[float], k: int) -> tuple[int, list[int], list[float], list[int]]:
+    """The host's reading of pack_result: (accepted n, the n+1 emitted tokens, their probabilities, drafts)."""
+    n = int(packed[0])
+    tokens = [int(t) for t in packed[1:k + 2]][: n + 1]
+    probs = packed[k + 2: 2 * k + 3][: n + 1]
+    drafts = [int(t) for t in packed[2 * k + 3:]]
+    return n, tokens, probs, drafts
 
 
 def _cut(tokens: list[int], stop: set[int], budget: int) -> tuple[list[int], str | None]:

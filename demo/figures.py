@@ -5,10 +5,9 @@ No engine, session or Gradio state in here; the words and definitions are demo/m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import plotly.graph_objects as go
 
+from demo.chat import StepPoint
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import depth_color
 
@@ -25,20 +24,6 @@ CHART_DEFINITIONS = {
     "verification forward and the acceptance test.",
     "throughput": DEFINITIONS["tokens_per_s"] + " Dots: tokens of one step / its draft + verify time.",
 }
-
-
-@dataclass
-class StepPoint:
-    """What the charts need from one decoding step (step 0, the prefill, is not a point)."""
-
-    step: int
-    num_drafts: int  # k of this step (0: target-only)
-    num_accepted: int
-    num_emitted: int
-    draft_ms: float
-    verify_ms: float
-    elapsed_s: float  # engine time after this step, prefill included
-    tokens_per_s: float  # running: tokens so far / engine time so far
 
 
 def _layout(fig: go.Figure, title: str, x: str, y: str, **extra) -> go.Figure:

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from demo.checkpoints import DrafterLoadError
+from demo.methods import DRAFT_METHODS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_DRAFTERS = {  # trained by this project for the embedded target (scripts produce these directories)
     "eagle": "assets/drafters/smollm2-135m-eagle",
     "eagle3": "assets/drafters/smollm2-135m-eagle3",
 }
-METHODS = ("eagle", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -28,17 +28,16 @@ class Preset:
     target: str  # "default" (the embedded SmolLM2), a hub id or a local directory
     eagle: str | Path | None
     eagle3: str | Path | None
-    note: str = ""
 
     @property
     def methods(self) -> tuple[str, ...]:
         """The drafting methods this preset has a drafter for."""
-        return tuple(m for m in METHODS if getattr(self, m) is not None)
+        return tuple(m for m in DRAFT_METHODS if getattr(self, m) is not None)
 
     def drafter(self, method: str) -> str:
         """The spec to hand to load_drafter; a bundled directory must exist by now."""
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+        if method not in DRAFT_METHODS:
+            raise ValueError(f"method must be one of {DRAFT_METHODS}, not {method!r}")
         spec = getattr(self, method)
         if spec is None:
             raise DrafterLoadError(f"preset {self.name!r} has no {method} drafter (it has: {', '.join(self.methods)})")
@@ -50,7 +49,7 @@ class Preset:
 def bundled_drafter_dir(method: str) -> Path:
     """Where this project's drafter for the embedded target lives; raises when it was not built yet."""
     if method not in BUNDLED_DRAFTERS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+        raise ValueError(f"method must be one of {DRAFT_METHODS}, not {method!r}")
     return _existing(REPO_ROOT / BUNDLED_DRAFTERS[method], method)
 
 
@@ -67,14 +66,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         target="default",
         eagle=REPO_ROOT / BUNDLED_DRAFTERS["eagle"],
         eagle3=REPO_ROOT / BUNDLED_DRAFTERS["eagle3"],
-        note="Runs on CPU; drafters trained by this project.",
     ),
     Preset(
         name="Llama-3.1-8B-Instruct",
         target="meta-llama/Llama-3.1-8B-Instruct",
         eagle="yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
         eagle3="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
-        note="The EAGLE authors' heads, vLLM's reference pair; needs a GPU and a Hugging Face token (gated target).",
     ),
     Preset(
         # The pair vLLM tests EAGLE-3 on (tests/v1/e2e/test_spec_decode.py: "Qwen/Qwen3-8B",
@@ -83,7 +80,6 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         target="Qwen/Qwen3-8B",
         eagle=None,
         eagle3="AngelSlim/Qwen3-8B_eagle3",
-        note="A non-Llama target (q/k norms) with a Llama-architecture EAGLE-3 head by Tencent AngelSlim; needs a GPU.",
     ),
 )}
 DEFAULT_PRESET = "SmolLM2-135M-Instruct (embedded)"

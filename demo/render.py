@@ -9,14 +9,12 @@ Provenance of an emitted token (the words of demo/metrics.py):
 
 Text is escaped for HTML and for the template syntax of Gradio's HTML component (``{{ }}``, ``${}``,
 ``@children``), so model output and user text always show as text and never run. Whitespace is kept
-(``white-space: pre-wrap``): newlines, code blocks and lists keep their shape. Tokens become text by
-decoding a window of the sequence and diffing (``IncrementalDecoder``), so multi-byte characters
-and SentencePiece/BPE spaces come out right.
+(``white-space: pre-wrap``): newlines, code blocks and lists keep their shape.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from demo.chat import ChatState, TokenPiece, Turn
 
 # Draft depth 1..10 -> background colour: light (depth 1) to dark (depth 10), one sequential scale.
 DEPTH_COLORS = ("#e3f4a8", "#c2e6a0", "#9ed9a9", "#74c9b8", "#48b5c4",
@@ -38,80 +36,6 @@ def escape(text: str) -> str:
 def depth_color(depth: int) -> str:
     """Background colour of an accepted draft token at depth 1..10."""
     return DEPTH_COLORS[min(max(depth, 1), len(DEPTH_COLORS)) - 1]
-
-
-@dataclass
-class TokenPiece:
-    """One emitted token and where it came from."""
-
-    token_id: int
-    text: str  # the characters it added to the reply ("" while a multi-byte character is incomplete)
-    step: int  # the decoding step that emitted it (0: prefill)
-    depth: int  # 1..k: accepted draft token at that depth; 0: the target's own token
-    prob: float  # its probability under the target's (sampling) distribution
-    resampled: bool = False  # T > 0: drawn from the residual after a rejected draft
-
-    @property
-    def kind(self) -> str:
-        if self.depth:
-            return "draft"
-        return "resampled" if self.resampled else "target"
-
-    def describe(self) -> str:
-        """Hover text: step, provenance, probability under the target."""
-        if self.depth:
-            what = f"accepted draft token {self.depth}"
-        elif self.resampled:
-            what = "target's token, resampled after a rejection"
-        else:
-            what = "target's own token" + (" (prefill)" if self.step == 0 else "")
-        return f"step {self.step} · {what} · p = {self.prob:.3f}"
-
-
-def provenance(token_ids: list[int], num_accepted: int, resampled: bool) -> list[tuple[int, bool]]:
-    """(depth, resampled) of each token one step emitted: the accepted drafts first, then the
-    target's own token (absent when a stop token or the budget cut the step short)."""
-    return [(i + 1, False) if i < num_accepted else (0, resampled) for i in range(len(token_ids))]
-
-
-class IncrementalDecoder:
-    """Per-token text of a growing reply: decode a window of the ids and take what the new token
-    added. A token that leaves a character incomplete gets "" and the token that completes it
-    carries the character. The window starts at a token boundary where text was complete."""
-
-    def __init__(self, tokenizer, window: int = 32):
-        self.tokenizer = tokenizer
-        self.window = window
-        self.ids: list[int] = []
-        self.start = 0  # first id of the decode window (always a complete-text boundary)
-        self.prefix_len = 0  # len(decode(ids[start:committed]))
-        self.boundaries = [0]  # indices after which the decoded text was complete
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        text = self._decode(self.ids[self.start:])
-        if text.endswith("\ufffd"):
-            return ""
-        piece = text[self.prefix_len:]
-        end = len(self.ids)
-        self.boundaries.append(end)
-        if end - self.start > 2 * self.window:  # slide the window to a recent complete boundary
-            self.start = next(b for b in reversed(self.boundaries) if b <= end - self.window)
-            self.boundaries = [b for b in self.boundaries if b >= self.start]
-            self.prefix_len = len(self._decode(self.ids[self.start:]))
-        else:
-            self.prefix_len = len(text)
-        return piece
-
-    def flush(self) -> str:
-        """Whatever text is still held back (an incomplete character at the very end)."""
-        text = self._decode(self.ids[self.start:])
-        piece = text[self.prefix_len:]
-        self.prefix_len = len(text)
-        return piece
 
 
 def token_span(p: TokenPiece) -> str:
@@ -142,6 +66,19 @@ def render_turn(role: str, body_html: str, label: str = "", note: str = "") -> s
     tail = f'<div class="sl-note">{escape(note)}</div>' if note else ""
     return (f'<div class="sl-turn sl-{role}"><div class="sl-role">{head}</div>'
             f"{body_html}{tail}</div>")
+
+
+def render_turn_of(turn: Turn) -> str:
+    """One turn of the conversation: the user's text, or the reply with its token provenance."""
+    if turn.role == "user":
+        return render_turn("user", render_user(turn.text), "You")
+    note = {"streaming": "generating…", "stopped": "(stopped)"}.get(turn.state, "")
+    return render_turn("assistant", render_reply(turn.pieces), turn.label, note)
+
+
+def render_chat(chat: ChatState) -> str:
+    """The whole conversation as the UI and the API's `html` show it."""
+    return '<div class="sl-chat">' + "".join(render_turn_of(t) for t in chat.turns) + "</div>"
 
 
 def render_legend(k: int) -> str:

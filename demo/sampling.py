@@ -24,7 +24,6 @@ import torch
 class SamplingParams:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
-    top_k: int = 0  # 0: off
 
     @property
     def greedy(self) -> bool:
@@ -32,15 +31,12 @@ class SamplingParams:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The target's distribution after temperature, top-k and top-p; [N, V] -> [N, V] float32.
+    """The target's distribution after temperature and top-p; [N, V] -> [N, V] float32.
     At T = 0 this is the plain softmax (used only to show each token's probability)."""
     x = logits.float()
     if params.greedy:
         return torch.softmax(x, dim=-1)
     x = x / params.temperature
-    if params.top_k and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
         sorted_p = torch.softmax(sorted_x, dim=-1)

@@ -1,15 +1,16 @@
 """The service the app calls: loaded models, engines per (mode, method), request checks, and
-generations turned into view updates. No Gradio here; views.py maps these objects onto components.
+generations turned into updates of a conversation. No Gradio and no HTML here: views.py maps these
+objects onto components, render.py and figures.py draw them.
 
-- ``Session`` holds one target and a drafter per method ("eagle", "eagle3"). Engines are made on
-  first use per (mode, method) and share the target (and its KV cache: one generation at a time);
-  a new drafter reaches its engines through ``Engine.set_drafter``, so the target is not reloaded.
-- ``Request`` is one generation's settings; ``Session.check`` refuses bad input with a
-  ``RequestError`` (shown to the user) before any engine call.
-- ``ChatState`` (per browser session, deep-copyable) holds the turns and the latest run's trace.
+- ``Models`` is one target with a drafter per method ("eagle", "eagle3"), loaded together. Engines
+  are made on first use per (mode, method) and share the target (and its KV cache: one generation
+  at a time); a new drafter reaches its engines through ``Engine.set_drafter``, so the target is
+  not reloaded. ``Session.switch`` replaces the whole ``Models`` at once, after it has loaded.
+- ``Request`` is one generation's settings: method, mode, compare, and the engine's
+  ``GenerationConfig``; ``Session.check`` refuses bad input with a ``RequestError`` (shown to the
+  user) before any engine call.
 - ``Session.reply`` streams one ``Update`` per decoding step; with ``compare`` it then runs the
-  same prompt target-only (``GenerationConfig(speculate=False)``, same engine) for the speedup and,
-  at T = 0, the token-identity check.
+  same prompt target-only (k = 0, same engine) for the speedup and, at T = 0, the token-identity check.
 """
 
 from __future__ import annotations
@@ -20,23 +21,21 @@ from typing import Callable, Iterator
 
 import torch
 
+from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, TokenPiece, Turn, Update,
+                       provenance)
 from demo.drafter_common import DrafterConfig
-from demo.engine import MODES, Engine, GenerationConfig, StepEvent
-from demo.figures import StepPoint
+from demo.engine import Engine, GenerationConfig, StepEvent
+from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFTER_CLASSES, METHOD_LABELS, METHODS, MODE_LABELS,
+                          MODES, dtype_label, num_drafts)
 from demo.metrics import AcceptanceStats
 from demo.prompts import chat_ids
-from demo.render import IncrementalDecoder, TokenPiece, provenance, render_reply, render_turn, render_user
 from demo.target import Target
 
-DRAFT_METHODS = ("eagle", "eagle3")
-METHODS = ("none",) + DRAFT_METHODS
-METHOD_LABELS = {"none": "target only", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
-MODE_LABELS = {"eager": "eager", "cudagraph": "CUDA graph"}
 RANDOM_INIT = "random-init (untrained)"
 
-# Allowed ranges of the settings (inclusive), checked before any engine call.
+# Allowed ranges of the generation settings (inclusive), checked before any engine call.
 LIMITS = {
-    "num_spec_tokens": (1, 10),
+    "num_spec_tokens": (1, APP_MAX_SPEC_TOKENS),
     "temperature": (0.0, 2.0),
     "top_p": (0.01, 1.0),
     "max_new_tokens": (1, 2048),
@@ -52,97 +51,32 @@ class RequestError(ValueError):
 
 @dataclass
 class Request:
+    """One generation: who drafts (method), how steps run (mode), whether to compare with the
+    target alone, and the engine's settings. Build one from loose settings with ``Request.of``."""
+
     prompt: str
     method: str = "eagle3"
     mode: str = "eager"
-    num_spec_tokens: int = 3
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    seed: int = 0
     compare: bool = False  # then run the same prompt target-only for the speedup
+    gen: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=128))
 
-    def generation_config(self) -> GenerationConfig:
-        return GenerationConfig(max_new_tokens=int(self.max_new_tokens), num_spec_tokens=int(self.num_spec_tokens),
-                                speculate=self.method != "none", temperature=float(self.temperature),
-                                top_p=float(self.top_p), seed=int(self.seed))
-
-
-@dataclass
-class Turn:
-    role: str  # "user" or "assistant"
-    text: str
-    pieces: list[TokenPiece] = field(default_factory=list)  # assistant turns: token provenance
-    label: str = ""
-    state: str = "done"  # "streaming", "done", or "stopped" (Stop pressed while streaming)
-
-    def html(self) -> str:
-        if self.role == "user":
-            return render_turn("user", render_user(self.text), "You")
-        note = {"streaming": "generating…", "stopped": "(stopped)"}.get(self.state, "")
-        return render_turn("assistant", render_reply(self.pieces), self.label, note)
-
-
-@dataclass
-class RunTrace:
-    """The latest speculative run: what the charts and the stats panel show."""
-
-    method: str
-    mode: str
-    num_spec_tokens: int
-    stats: AcceptanceStats
-    points: list[StepPoint] = field(default_factory=list)
-    finish_reason: str | None = None
-
-
-@dataclass
-class Comparison:
-    """Speculative run vs the same prompt target-only, in the same mode."""
-
-    speculative_tokens_per_s: float
-    baseline_tokens_per_s: float
-    greedy: bool
-    identical: bool | None  # T = 0 only: the two replies are token-identical
-    first_difference: int | None  # index of the first differing token, when not identical
-    baseline_text: str
+    @classmethod
+    def of(cls, prompt: str, *, method: str = "eagle3", mode: str = "eager", compare: bool = False,
+           **generation) -> "Request":
+        """Request.of("hi", method="eagle", num_spec_tokens=5, temperature=0.7): the generation
+        settings by name, over the request defaults."""
+        return cls(prompt, method, mode, compare, replace(cls("").gen, **generation))
 
     @property
-    def speedup(self) -> float:
-        return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
+    def k(self) -> int:
+        return num_drafts(self.method, self.gen.num_spec_tokens)
+
+    def engine_config(self) -> GenerationConfig:
+        """What the engine runs: k = 0 for the target alone."""
+        return replace(self.gen, num_spec_tokens=self.k)
 
 
-@dataclass
-class ChatState:
-    """One browser session's conversation (kept in gr.State; deep-copyable)."""
-
-    turns: list[Turn] = field(default_factory=list)
-    trace: RunTrace | None = None
-    comparison: Comparison | None = None
-
-    def mark_stopped(self) -> None:
-        """A turn still streaming when Stop was pressed (or a new message came) was stopped."""
-        for t in self.turns:
-            if t.state == "streaming":
-                t.state = "stopped"
-
-    def messages(self) -> list[dict]:
-        return [{"role": t.role, "content": t.text} for t in self.turns]
-
-    def html(self) -> str:
-        return '<div class="sl-chat">' + "".join(t.html() for t in self.turns) + "</div>"
-
-
-@dataclass
-class Update:
-    """One view update: the conversation, the numbers, and what is going on."""
-
-    chat: ChatState
-    status: str
-    done: bool = False
-
-    @property
-    def html(self) -> str:
-        return self.chat.html()
+DEFAULT_REQUEST = Request("")
 
 
 @dataclass
@@ -180,35 +114,89 @@ def preset_names() -> list[str]:
 
 def random_drafter(method: str, target: Target):
     """An untrained drafter shaped like one target layer: the app still runs (acceptance near 0)."""
-    from demo.drafter_eagle import EagleDrafter
-    from demo.drafter_eagle3 import Eagle3Drafter
-
     cfg = DrafterConfig.for_target(method, target.config)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return (EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg)
+        return DRAFTER_CLASSES[method](cfg)
 
 
-class Session:
-    """The loaded models and their engines; one generation at a time (the app's concurrency is 1)."""
+class Models:
+    """One target and a drafter per method, loaded together, with the engines made for them."""
 
-    def __init__(self, hf_model, tokenizer, drafters: dict | None = None, *, name: str = "custom",
-                 target_spec: str = "", max_context: int = 2048, drafter_labels: dict | None = None):
-        self.hf, self.tokenizer, self.name, self.target_spec = hf_model, tokenizer, name, target_spec
+    def __init__(self, hf_model, tokenizer, *, name: str, target_spec: str, max_context: int):
+        self.tokenizer, self.name, self.target_spec = tokenizer, name, target_spec
         self.target = Target(hf_model)
-        self.max_context_asked = max_context
         self.max_context = min(max_context, self.target.config.max_position_embeddings)
-        self.load_args = dict(device=str(self.target.device), dtype=str(self.target.dtype).replace("torch.", ""))
         self._engines: dict[tuple[str, str], Engine] = {}
         self.drafters: dict = {m: None for m in DRAFT_METHODS}
         self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
         self.drafter_warnings: dict[str, list[str]] = {m: [] for m in DRAFT_METHODS}
-        for method, drafter in (drafters or {}).items():
-            self.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
 
     @property
     def warnings(self) -> list[str]:
         return [w for m in DRAFT_METHODS for w in self.drafter_warnings[m]]
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def set_drafter(self, method: str, drafter, label: str, warnings: list[str] = ()) -> None:
+        """Use `drafter` for `method` in every engine made for it, without touching the target."""
+        self.drafters[method] = drafter
+        self.drafter_labels[method] = label if drafter is not None else "none"
+        self.drafter_warnings[method] = list(warnings)
+        for (mode, m), engine in self._engines.items():
+            if m == method:
+                engine.set_drafter(drafter)
+
+    def methods(self) -> list[str]:
+        """The methods a request can use now: the target alone, and each loaded drafter."""
+        return ["none"] + [m for m in DRAFT_METHODS if self.drafters[m] is not None]
+
+    def engine(self, method: str, mode: str) -> Engine:
+        key = (mode, method)
+        if key not in self._engines:
+            drafter = None if method == "none" else self.drafters[method]
+            self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context)
+        return self._engines[key]
+
+    def describe(self) -> dict:
+        return {"model": self.name, "device": str(self.device), "dtype": dtype_label(self.target.dtype),
+                "max_context": self.max_context, "drafters": dict(self.drafter_labels),
+                "vocab_size": self.target.config.vocab_size,
+                "draft_vocab": {m: d.drafting_vocab for m, d in self.drafters.items() if d is not None}}
+
+
+class Session:
+    """The loaded models and the requests on them; one generation at a time (the app's concurrency is 1)."""
+
+    def __init__(self, hf_model, tokenizer, drafters: dict | None = None, *, name: str = "custom",
+                 target_spec: str = "", max_context: int = 2048, drafter_labels: dict | None = None):
+        self.models = Models(hf_model, tokenizer, name=name, target_spec=target_spec, max_context=max_context)
+        self.max_context_asked = max_context
+        self.load_args = dict(device=str(self.models.device), dtype=dtype_label(self.models.target.dtype))
+        for method, drafter in (drafters or {}).items():
+            self.models.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
+
+    # the loaded models, read through the session
+    name = property(lambda self: self.models.name)
+    target_spec = property(lambda self: self.models.target_spec)
+    tokenizer = property(lambda self: self.models.tokenizer)
+    target = property(lambda self: self.models.target)
+    max_context = property(lambda self: self.models.max_context)
+    drafters = property(lambda self: self.models.drafters)
+    drafter_labels = property(lambda self: self.models.drafter_labels)
+    warnings = property(lambda self: self.models.warnings)
+    device = property(lambda self: self.models.device)
+
+    def methods(self) -> list[str]:
+        return self.models.methods()
+
+    def engine(self, method: str, mode: str) -> Engine:
+        return self.models.engine(method, mode)
+
+    def describe(self) -> dict:
+        return self.models.describe()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -230,11 +218,10 @@ class Session:
         any error the loaded models stay as they were. Returns the warnings to show."""
         if choice.target == self.target_spec:
             warnings = self.load_drafters(choice, progress)
-            self.name = choice.name
+            self.models.name = choice.name
             return warnings
         fresh = Session.load(choice, max_context=self.max_context_asked, progress=progress, **self.load_args)
-        fresh.load_args = self.load_args
-        self.__dict__.update(fresh.__dict__)  # swap every model at once, after everything loaded
+        self.models = fresh.models  # every model at once, after everything loaded
         return self.warnings
 
     def load_drafters(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
@@ -262,53 +249,29 @@ class Session:
                         "app works, but almost no draft token is accepted.")
                 loaded[method] = (random_drafter(method, self.target), RANDOM_INIT, [note])
         for method, (drafter, label, warnings) in loaded.items():
-            self.set_drafter(method, drafter, label)
-            self.drafter_warnings[method] = warnings
+            self.models.set_drafter(method, drafter, label, warnings)
         return [w for _, _, ws in loaded.values() for w in ws]
 
     def set_drafter(self, method: str, drafter, label: str) -> None:
         """Use `drafter` for `method` in every engine made for it, without touching the target."""
-        self.drafters[method] = drafter
-        self.drafter_labels[method] = label if drafter is not None else "none"
-        for (mode, m), engine in self._engines.items():
-            if m == method:
-                engine.set_drafter(drafter)
+        self.models.set_drafter(method, drafter, label)
 
     # ------------------------------------------------------------------ engines
-    @property
-    def device(self) -> torch.device:
-        return self.target.device
-
     def cudagraph_unavailable(self) -> str | None:
         """Why CUDA-graph mode cannot run here, or None when it can."""
         if self.device.type != "cuda":
             return f"CUDA graphs need a CUDA GPU; this app runs on {self.device.type}"
         return None
 
-    def methods(self) -> list[str]:
-        return ["none"] + [m for m in DRAFT_METHODS if self.drafters[m] is not None]
-
-    def engine(self, method: str, mode: str) -> Engine:
-        key = (mode, method)
-        if key not in self._engines:
-            drafter = None if method == "none" else self.drafters[method]
-            self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context)
-        return self._engines[key]
-
-    def describe(self) -> dict:
-        return {"model": self.name, "device": str(self.device),
-                "dtype": str(self.target.dtype).replace("torch.", ""), "max_context": self.max_context,
-                "drafters": dict(self.drafter_labels), "vocab_size": self.target.config.vocab_size,
-                "draft_vocab": {m: d.drafting_vocab for m, d in self.drafters.items() if d is not None}}
-
     def warmup(self, modes: tuple[str, ...] = ("eager",), num_spec_tokens: int = 3) -> float:
         """One tiny generation per mode with the default method (kernels, allocations, and in
         cudagraph mode the capture for k = num_spec_tokens). Returns the seconds it took."""
         start = time.perf_counter()
         ids = self.tokenizer("Hi")["input_ids"] or [0]
-        gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_spec_tokens)
+        method = self.methods()[-1]
+        gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, num_spec_tokens))
         for mode in modes:
-            for _ in self.engine(self.methods()[-1], mode).generate(ids, gen):
+            for _ in self.engine(method, mode).generate(ids, gen):
                 pass
         return time.perf_counter() - start
 
@@ -328,7 +291,7 @@ class Session:
         if request.mode == "cudagraph" and self.cudagraph_unavailable():
             raise RequestError(self.cudagraph_unavailable() + ": use eager mode.")
         for name, (lo, hi) in LIMITS.items():
-            value = getattr(request, name)
+            value = getattr(request.gen, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
                 raise RequestError(f"{name} must be a number, not {value!r}.")
             if isinstance(lo, int) and value != int(value):
@@ -339,11 +302,11 @@ class Session:
         if history and history[-1]["role"] == "user":  # an unanswered turn is replaced
             history = history[:-1]
         ids = chat_ids(self.tokenizer, history + [{"role": "user", "content": request.prompt}])
-        k = request.num_spec_tokens if request.method != "none" else 0
-        need = len(ids) + int(request.max_new_tokens) + k + 1
+        max_new = int(request.gen.max_new_tokens)
+        need = len(ids) + max_new + request.k + 1
         if need > self.max_context:
             what = "conversation" if history else "prompt"
-            raise RequestError(f"The {what} is {len(ids)} tokens; with max new tokens {int(request.max_new_tokens)} "
+            raise RequestError(f"The {what} is {len(ids)} tokens; with max new tokens {max_new} "
                                f"it needs {need} of the {self.max_context}-token context. Shorten it, lower max new "
                                "tokens" + (", or clear the chat." if history else "."))
         return ids
@@ -366,13 +329,12 @@ class Session:
         history = ChatState(turns=chat.turns[:-1])
         ids = self.check(replace(request, prompt=chat.turns[-1].text), history)
         engine = self.engine(request.method, request.mode)
-        gen = request.generation_config()
-        k = gen.num_spec_tokens if request.method != "none" else 0
+        gen, k = request.engine_config(), request.k
         if request.mode == "cudagraph":  # capture now, visibly, rather than silently inside the first step
             yield Update(chat, f"capturing CUDA graphs for k = {k} (once per k and drafter)…")
             for depth in {k, 0} if request.compare else {k}:
                 engine.prepare(depth)
-        turn = Turn("assistant", "", label=self._label(request, k), state="streaming")
+        turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k))
         chat.comparison = None
@@ -395,10 +357,11 @@ class Session:
         yield from self.reply(chat, request)
 
     # ------------------------------------------------------------------ internals
-    def _label(self, request: Request, k: int) -> str:
+    def _label(self, request: Request) -> str:
         method = METHOD_LABELS[request.method]
-        if request.method != "none":
-            method += f" (k = {k}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT else "") + ")"
+        if request.k:
+            method += f" (k = {request.k}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
+                                              else "") + ")"
         return f"{self.name} · {method} · {MODE_LABELS[request.mode]}"
 
     @staticmethod
@@ -419,7 +382,7 @@ class Session:
         """The same prompt target-only (same engine, so same mode): speedup and T = 0 identity."""
         tokens: list[int] = []
         stats = None
-        for event in engine.generate(ids, replace(gen, speculate=False)):
+        for event in engine.generate(ids, replace(gen, num_spec_tokens=0)):
             tokens += event.token_ids
             stats = event.stats
             yield Update(chat, f"target-only baseline: {len(tokens)} tokens")

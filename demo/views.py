@@ -14,12 +14,14 @@ from typing import Iterator
 
 import gradio as gr
 
+from demo.chat import ChatState, RunTrace
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure)
+from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
-from demo.render import escape, render_comparison, render_legend, render_stats
-from demo.session import (LIMITS, METHOD_LABELS, RANDOM_INIT, ChatState, ModelChoice, Request, RequestError,
-                          RunTrace, Session, panel_stats, preset_choice, preset_names)
+from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
+from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelChoice, Request, RequestError, Session,
+                          panel_stats, preset_choice, preset_names)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -70,20 +72,26 @@ class Controls:
     throughput: gr.Plot
 
     @property
-    def settings(self) -> list:
-        """Request fields after the prompt, in Request's order."""
-        return [self.method, self.mode, self.num_spec_tokens, self.temperature, self.top_p, self.max_new_tokens,
-                self.seed, self.compare]
+    def settings(self) -> set:
+        """The components a request is read from (handlers get their values by component)."""
+        return {self.method, self.mode, self.compare, *self.generation.values()}
+
+    @property
+    def generation(self) -> dict:
+        """GenerationConfig field -> the component that sets it."""
+        return {"num_spec_tokens": self.num_spec_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "max_new_tokens": self.max_new_tokens, "seed": self.seed}
 
     @property
     def plots(self) -> list:
         return [self.acceptance, self.acceptance_length, self.latency, self.throughput]
 
-
-def make_request(prompt, method, mode, num_spec_tokens, temperature, top_p, max_new_tokens, seed, compare) -> Request:
-    as_int = lambda v: int(v) if isinstance(v, float) and v.is_integer() else v  # noqa: E731 (sliders send floats)
-    return Request(prompt or "", method, mode, as_int(num_spec_tokens), temperature, top_p, as_int(max_new_tokens),
-                   as_int(seed), bool(compare))
+    def request(self, prompt: str, values: dict) -> Request:
+        """The request the settings' current values describe (values: component -> value)."""
+        as_int = lambda v: int(v) if isinstance(v, float) and v.is_integer() else v  # noqa: E731 (sliders send floats)
+        return Request.of(prompt or "", method=values[self.method], mode=values[self.mode],
+                          compare=bool(values[self.compare]),
+                          **{name: as_int(values[comp]) for name, comp in self.generation.items()})
 
 
 def status_html(text: str, kind: str = "info") -> str:
@@ -114,7 +122,7 @@ def default_method(session: Session) -> str:
 # ---------------------------------------------------------------------- layout
 def build_chat_column() -> dict:
     legend = gr.HTML(render_legend(3), elem_id="sl-legend")
-    conversation = gr.HTML(ChatState().html(), elem_id="sl-conversation")
+    conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation")
     with gr.Row(elem_id="sl-input-row"):
         prompt = gr.Textbox(placeholder="Ask something, then press Generate (Shift+Enter for a new line)",
                             show_label=False, lines=2, max_lines=8, scale=5, elem_id="sl-prompt")
@@ -135,20 +143,22 @@ def build_settings(session: Session) -> dict:
     method = gr.Radio(method_choices(session), value=default_method(session), label="Drafting method",
                       elem_id="sl-method")
     unavailable = session.cudagraph_unavailable()
-    mode = gr.Radio([("eager", "eager"), ("CUDA graph", "cudagraph")], value="eager", label="Mode",
+    gen = DEFAULT_REQUEST.gen
+    mode = gr.Radio([(label, mode) for mode, label in MODE_LABELS.items()], value=DEFAULT_REQUEST.mode, label="Mode",
                     interactive=unavailable is None, elem_id="sl-mode",
                     info=f"CUDA graph unavailable: {unavailable}." if unavailable else
                     "CUDA graph: each step replays graphs captured before the first request.")
     lo, hi = LIMITS["num_spec_tokens"]
-    num_spec_tokens = gr.Slider(lo, hi, value=3, step=1, label="Speculative tokens k", elem_id="sl-k",
-                                info="draft tokens proposed per step")
-    temperature = gr.Slider(*LIMITS["temperature"], value=0.0, step=0.05, label="Temperature",
+    num_spec_tokens = gr.Slider(lo, hi, value=gen.num_spec_tokens, step=1, label="Speculative tokens k",
+                                elem_id="sl-k", info="draft tokens proposed per step")
+    temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
                             info="0 = greedy (identical to target-only)", elem_id="sl-temperature")
-    top_p = gr.Slider(*LIMITS["top_p"], value=1.0, step=0.01, label="Top-p", elem_id="sl-top-p")
-    max_new_tokens = gr.Slider(1, 1024, value=128, step=1, label="Max new tokens", elem_id="sl-max-new")
-    seed = gr.Number(0, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
+    top_p = gr.Slider(*LIMITS["top_p"], value=gen.top_p, step=0.01, label="Top-p", elem_id="sl-top-p")
+    max_new_tokens = gr.Slider(*LIMITS["max_new_tokens"], value=gen.max_new_tokens, step=1, label="Max new tokens",
+                               elem_id="sl-max-new")
+    seed = gr.Number(gen.seed, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
                      elem_id="sl-seed")
-    compare = gr.Checkbox(False, label="Compare with target-only", elem_id="sl-compare",
+    compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
                           info="then run the same prompt without drafts: speedup, and at T = 0 a token-identity check")
     with gr.Accordion("Your own models", open=False, elem_id="sl-custom"):
         gr.Markdown("A local directory or a Hugging Face hub id (owner/name). An empty field keeps what is "
@@ -190,20 +200,20 @@ def build_layout(session: Session) -> Controls:
 
 # ---------------------------------------------------------------------- listeners
 def register_listeners(c: Controls, session: Session) -> None:
-    def user(prompt, chat, *settings):
+    def user(values: dict):
         """Fast first half: check the request and show the user's turn (no engine call)."""
         try:
-            chat = session.add_user_turn(chat, make_request(prompt, *settings))
+            chat = session.add_user_turn(values[c.chat], c.request(values[c.prompt], values))
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
-        return {c.chat: chat, c.conversation: chat.html(), c.prompt: "", c.comparison: "",
+        return {c.chat: chat, c.conversation: render_chat(chat), c.prompt: "", c.comparison: "",
                 c.status: status_html("starting…")}
 
-    def bot(chat, *settings) -> Iterator[dict]:
+    def bot(values: dict) -> Iterator[dict]:
         """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most
         every FIGURE_INTERVAL_S."""
-        prompt = chat.turns[-1].text if chat.turns else ""
-        request = make_request(prompt, *settings)
+        chat = values[c.chat]
+        request = c.request(chat.turns[-1].text if chat.turns else "", values)
         last_text = last_figures = 0.0
         try:
             for update in session.reply(chat, request):
@@ -211,7 +221,7 @@ def register_listeners(c: Controls, session: Session) -> None:
                 if not update.done and now - last_text < TEXT_INTERVAL_S:
                     continue
                 last_text = now
-                out = {c.chat: update.chat, c.conversation: update.html,
+                out = {c.chat: update.chat, c.conversation: render_chat(update.chat),
                        c.status: status_html(update.status, "done" if update.done else "info"),
                        c.stats: render_stats(panel_stats(session, update.chat.trace), DEFINITIONS)}
                 if update.done or now - last_figures >= FIGURE_INTERVAL_S:
@@ -229,12 +239,12 @@ def register_listeners(c: Controls, session: Session) -> None:
     def stop(chat):
         running = bool(chat.turns) and (chat.turns[-1].role == "user" or chat.turns[-1].state == "streaming")
         chat.mark_stopped()
-        return {c.chat: chat, c.conversation: chat.html(),
+        return {c.chat: chat, c.conversation: render_chat(chat),
                 c.status: status_html("stopped", "done") if running else gr.skip()}
 
     def clear():
         chat = ChatState()
-        return {c.chat: chat, c.conversation: chat.html(), c.status: "", c.comparison: "",
+        return {c.chat: chat, c.conversation: render_chat(chat), c.status: "", c.comparison: "",
                 c.stats: render_stats(panel_stats(session, None), DEFINITIONS),
                 **dict(zip(c.plots, figures_of(None)))}
 
@@ -267,9 +277,9 @@ def register_listeners(c: Controls, session: Session) -> None:
     ui = dict(api_visibility="private")
     engine = dict(concurrency_id=ENGINE, **ui)
     # user() waits for the engine too, so a second Generate never edits a chat that is still streaming
-    first = dict(fn=user, inputs=[c.prompt, c.chat, *c.settings],
+    first = dict(fn=user, inputs={c.prompt, c.chat, *c.settings},
                  outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **engine)
-    then = dict(fn=bot, inputs=[c.chat, *c.settings], outputs=[c.chat, c.conversation, c.status, c.stats,
+    then = dict(fn=bot, inputs={c.chat, *c.settings}, outputs=[c.chat, c.conversation, c.status, c.stats,
                                                                   c.comparison, *c.plots],
                 show_progress="hidden", **engine)
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
@@ -288,18 +298,21 @@ def register_listeners(c: Controls, session: Session) -> None:
 def register_api(session: Session) -> None:
     """The programmatic endpoint /generate (a contract: keep these names)."""
 
-    def generate(prompt: str, method: str = "eagle3", mode: str = "eager", num_spec_tokens: int = 3,
-                 temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
-                 seed: int = 0) -> Iterator[dict]:
+    d, g = DEFAULT_REQUEST, DEFAULT_REQUEST.gen
+
+    def generate(prompt: str, method: str = d.method, mode: str = d.mode, num_spec_tokens: int = g.num_spec_tokens,
+                 temperature: float = g.temperature, top_p: float = g.top_p, max_new_tokens: int = g.max_new_tokens,
+                 seed: int = g.seed) -> Iterator[dict]:
         """Generate a reply to `prompt` (one turn), streaming one value per decoding step. Each value
         holds `html` (the highlighted rendering the UI shows), `text`, `stats` (the stats panel's
         numbers: mean_acceptance_length, acceptance_per_position, tokens_per_s, ...), `status` and
         `done`."""
-        request = Request(prompt, method, mode, num_spec_tokens, temperature, top_p, max_new_tokens, seed)
+        request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=num_spec_tokens,
+                             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
         try:
             for update in session.generate(request):
                 reply = update.chat.turns[-1]
-                yield {"html": update.html, "text": reply.text if reply.role == "assistant" else "",
+                yield {"html": render_chat(update.chat), "text": reply.text if reply.role == "assistant" else "",
                        "stats": panel_stats(session, update.chat.trace), "status": update.status,
                        "done": update.done, "finish_reason": update.chat.trace.finish_reason}
         except RequestError as e:

@@ -104,7 +104,7 @@ def write(path, config, tensors, fmt="safetensors", dtype=torch.float32, shards=
 # ------------------------------------------------------------------------------ running
 def tokens_and_drafts(target, drafter, k=3):
     engine = Engine(target, drafter, max_context=128)
-    gen = GenerationConfig(max_new_tokens=NEW_TOKENS, num_spec_tokens=k, speculate=drafter is not None,
+    gen = GenerationConfig(max_new_tokens=NEW_TOKENS, num_spec_tokens=k if drafter is not None else 0,
                            stop_token_ids=())
     events = list(engine.generate(PROMPT, gen))
     return [t for e in events for t in e.token_ids], [e.draft_ids for e in events]
@@ -356,100 +356,73 @@ def eagle3_ckpt(target, **kw):
     return published_eagle3(tiny_drafter("eagle3", target, draft_vocab_size=64, **kw), target)
 
 
-def test_hidden_size_mismatch_is_refused_naming_both_sizes(tmp_path, llama):
-    hf, target = llama
+def _narrow_eagle(target):
     narrow = tiny_drafter("eagle", target, hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=16)
     config, tensors = published_eagle(narrow, target)
     tensors.pop("embed_tokens.weight")
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("hidden_size:") and "32" in msg and "64" in msg
+    return config, tensors
 
 
-def test_target_hidden_size_mismatch_is_refused_naming_both_sizes(tmp_path, llama):
-    hf, target = llama
-    config, tensors = specforge(tiny_drafter("eagle3", target, draft_vocab_size=64, aux_layer_ids=(2, 4, 5)), target)
-    config["target_hidden_size"] = 48
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("target_hidden_size:") and "48" in msg and "64" in msg
+def _edited(make, edit):
+    """A checkpoint from make(target), changed in place by edit(config, tensors)."""
+    def build(target):
+        config, tensors = make(target)
+        edit(config, tensors)
+        return config, tensors
+    return build
 
 
-def test_vocab_size_mismatch_is_refused_naming_both_sizes(tmp_path, llama):
-    hf, target = llama
-    config, tensors = published_eagle(tiny_drafter("eagle", target), target)
-    config["vocab_size"] = 320
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("vocab_size:") and "320" in msg and "256" in msg
+def _eagle3(target):
+    return eagle3_ckpt(target)
 
 
-def test_t2d_longer_than_the_target_vocabulary_is_refused(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    tensors["t2d"] = torch.cat((tensors["t2d"], torch.zeros(44, dtype=torch.bool)))
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("t2d:") and "300" in msg and "256" in msg
+def _specforge(target):
+    return specforge(tiny_drafter("eagle3", target, draft_vocab_size=64, aux_layer_ids=(2, 4, 5)), target)
 
 
-def test_d2t_mapping_outside_the_target_vocabulary_is_refused(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
+def _eagle(target):
+    return published_eagle(tiny_drafter("eagle", target), target)
+
+
+def _d2t_out_of_range(config, tensors):
     tensors["d2t"] = tensors["d2t"].clone()
     tensors["d2t"][10] = 300 - 10  # draft id 10 -> target id 300
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("d2t:") and "300" in msg and "[0, 256)" in msg
 
 
-def test_aux_layer_outside_the_target_is_refused(tmp_path, llama):
+# (what is wrong, checkpoint builder, load_drafter options, the message's start, words it must name);
+# the target is a tiny Llama: hidden 64, vocabulary 256, layers 0..8
+REFUSALS = [
+    ("hidden size", _narrow_eagle, {}, "hidden_size:", ["32", "64"]),
+    ("target hidden size", _edited(_specforge, lambda c, t: c.update(target_hidden_size=48)), {},
+     "target_hidden_size:", ["48", "64"]),
+    ("vocabulary size", _edited(_eagle, lambda c, t: c.update(vocab_size=320)), {}, "vocab_size:", ["320", "256"]),
+    ("t2d longer than the vocabulary",
+     _edited(_eagle3, lambda c, t: t.update(t2d=torch.cat((t["t2d"], torch.zeros(44, dtype=torch.bool))))), {},
+     "t2d:", ["300", "256"]),
+    ("d2t outside the vocabulary", _edited(_eagle3, _d2t_out_of_range), {}, "d2t:", ["300", "[0, 256)"]),
+    ("aux layer outside the target",
+     _edited(_eagle3, lambda c, t: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 9]})), {},
+     "eagle_aux_hidden_state_layer_ids:", ["9", "0..8"]),
+    ("missing weight", _edited(_eagle3, lambda c, t: t.pop("midlayer.hidden_norm.weight")), {},
+     "missing weights: midlayer.hidden_norm.weight", []),
+    ("reduced vocabulary without lm_head", _edited(_eagle3, lambda c, t: t.pop("lm_head.weight")), {},
+     "lm_head.weight: missing; draft_vocab_size 64", ["256"]),
+    ("unexpected weight", _edited(_eagle3, lambda c, t: t.update({"midlayer.self_attn.q_norm.weight": torch.ones(8)})),
+     {}, "unexpected weights: midlayer.self_attn.q_norm.weight", []),
+    ("weight shape against the config", _edited(_eagle3, lambda c, t: c.update(intermediate_size=96)), {},
+     "midlayer.mlp.", ["[128, 64]", "[96, 64]"]),
+    ("unknown architecture", _edited(_eagle3, lambda c, t: c.update(architectures=["MedusaModel"])), {},
+     "architectures:", ["MedusaModel", "LlamaForCausalLMEagle3"]),
+    ("method mismatch", _eagle3, {"method": "eagle"}, "method:", ["'eagle'", "'eagle3'"]),
+]
+
+
+@pytest.mark.parametrize("build, options, start, words", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_a_drafter_that_does_not_fit_is_refused_in_one_line_naming_the_field_and_values(tmp_path, llama, build,
+                                                                                         options, start, words):
     hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 4, 9]}
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("eagle_aux_hidden_state_layer_ids:") and "9" in msg and "0..8" in msg
-
-
-def test_missing_weight_is_refused_naming_it(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    del tensors["midlayer.hidden_norm.weight"]
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("missing weights: midlayer.hidden_norm.weight")
-
-
-def test_reduced_vocabulary_without_lm_head_is_refused_naming_both_sizes(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    del tensors["lm_head.weight"]
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("lm_head.weight: missing; draft_vocab_size 64") and "256" in msg
-
-
-def test_unexpected_weight_is_refused_naming_it(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    tensors["midlayer.self_attn.q_norm.weight"] = torch.ones(8)
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("unexpected weights: midlayer.self_attn.q_norm.weight")
-
-
-def test_weight_shape_contradicting_the_config_is_refused_naming_both_shapes(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    config["intermediate_size"] = 96
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("midlayer.mlp.") and "[128, 64]" in msg and "[96, 64]" in msg
-
-
-def test_unknown_architecture_is_refused_naming_it_and_the_supported_ones(tmp_path, llama):
-    hf, target = llama
-    config, tensors = eagle3_ckpt(target)
-    config["architectures"] = ["MedusaModel"]
-    msg = refused(tmp_path, target, config, tensors)
-    assert msg.startswith("architectures:") and "MedusaModel" in msg and "LlamaForCausalLMEagle3" in msg
-
-
-def test_method_mismatch_is_refused(tmp_path, llama):
-    hf, target = llama
-    msg = refused(tmp_path, target, *eagle3_ckpt(target), method="eagle")
-    assert msg.startswith("method:") and "'eagle'" in msg and "'eagle3'" in msg
+    msg = refused(tmp_path, target, *build(target), **options)
+    assert msg.startswith(start) and all(w in msg for w in words), msg
 
 
 @pytest.mark.parametrize("damage", ["truncated safetensors", "truncated bin", "bad json", "bad header"])

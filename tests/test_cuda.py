@@ -8,7 +8,7 @@ from demo.engine import Engine, GenerationConfig
 from demo.target import Target
 from tests.tiny import corrupted_oracle, tiny_drafter, tiny_hf
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.cuda
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
 

@@ -75,7 +75,7 @@ def test_target_only_through_a_speculative_engine_matches_generate():
     hf = tiny_hf("llama")
     target = Target(hf)
     engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
-    tokens, events = run(engine, PROMPT, max_new_tokens=20, num_spec_tokens=3, speculate=False,
+    tokens, events = run(engine, PROMPT, max_new_tokens=20, num_spec_tokens=0,
                          stop_token_ids=())
     assert tokens == hf_greedy(hf, PROMPT, 20)
     assert all(e.draft_ids == [] for e in events) and events[-1].stats.num_drafts == 0

@@ -4,7 +4,8 @@ import copy
 
 import pytest
 
-from demo.figures import (StepPoint, acceptance_figure, acceptance_length_figure, latency_figure,
+from demo.chat import StepPoint
+from demo.figures import (acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure)
 from demo.metrics import AcceptanceStats
 from demo.render import depth_color

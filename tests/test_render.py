@@ -6,8 +6,9 @@ from html.parser import HTMLParser
 import pytest
 
 from demo.metrics import DEFINITIONS
-from demo.render import (DEPTH_COLORS, IncrementalDecoder, TokenPiece, depth_color, provenance, render_comparison,
-                         render_legend, render_reply, render_stats, render_user)
+from demo.chat import IncrementalDecoder, TokenPiece, provenance
+from demo.render import (DEPTH_COLORS, depth_color, render_comparison, render_legend, render_reply, render_stats,
+                         render_user)
 from tests.tiny_chat import byte_tokenizer
 
 

@@ -57,10 +57,8 @@ def test_rejection_sampling_never_accepts_a_draft_the_target_gives_zero_probabil
         assert n.item() == 0 and tokens[0].item() in (0, 1)
 
 
-def test_top_k_and_top_p_restrict_the_target_distribution():
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    pk = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
-    assert torch.allclose(pk, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
     pp = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.85))
     # 0.5 + 0.3 < 0.85, so the third token is needed; the fourth is cut
     assert torch.allclose(pp, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)

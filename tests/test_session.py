@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from demo.engine import Engine
-from demo.session import RANDOM_INIT, ChatState, ModelChoice, Request, RequestError
+from demo.chat import ChatState
+from demo.render import render_chat
+from demo.session import RANDOM_INIT, ModelChoice, Request, RequestError
 from tests.tiny_chat import tiny_session
 
 
@@ -24,30 +26,30 @@ def predictable():
 
 
 def test_request_streams_one_update_per_decoding_step(session):
-    updates = list(session.generate(Request("hello", method="eagle3", num_spec_tokens=3, max_new_tokens=16)))
+    updates = list(session.generate(Request.of("hello", method="eagle3", num_spec_tokens=3, max_new_tokens=16)))
     trace = updates[-1].chat.trace
     assert updates[-1].done and not any(u.done for u in updates[:-1])
     assert len(updates) == trace.stats.num_steps + 1 + 1  # prefill, each step, then the final update
     lengths = [len(u.chat.turns[-1].pieces) for u in updates[:-1]]
     assert lengths == sorted(lengths) and lengths[-1] == 16  # the reply grows as events arrive
     assert [p.step for p in trace.points] == list(range(1, trace.stats.num_steps + 1))
-    assert "sl-tok" in updates[-1].html
+    assert "sl-tok" in render_chat(updates[-1].chat)
 
 
 def test_accepted_drafts_are_marked_by_their_depth(predictable):
     # the predictable target always emits "a" and EAGLE (sharing its lm_head) always drafts it
-    final = list(predictable.generate(Request("hi", method="eagle", num_spec_tokens=3, max_new_tokens=9)))[-1]
+    final = list(predictable.generate(Request.of("hi", method="eagle", num_spec_tokens=3, max_new_tokens=9)))[-1]
     pieces = final.chat.turns[-1].pieces
     assert [p.depth for p in pieces] == [0, 1, 2, 3, 0, 1, 2, 3, 0]  # prefill, then 3 drafts + own token
     assert [p.step for p in pieces] == [0, 1, 1, 1, 1, 2, 2, 2, 2]
     assert final.chat.turns[-1].text == "a" * 9
     assert final.chat.trace.stats.summary()["mean_acceptance_length"] == 4.0
-    assert "sl-d3" in final.html
+    assert "sl-d3" in render_chat(final.chat)
 
 
 def test_resampled_tokens_are_marked_at_positive_temperature(predictable):
     # uniform target distribution: a random EAGLE-3 draft is almost always rejected, then resampled
-    final = list(predictable.generate(Request("hi", method="eagle3", temperature=1.0, seed=3, max_new_tokens=8)))[-1]
+    final = list(predictable.generate(Request.of("hi", method="eagle3", temperature=1.0, seed=3, max_new_tokens=8)))[-1]
     pieces = final.chat.turns[-1].pieces
     assert any(p.resampled and p.depth == 0 for p in pieces)
     assert not pieces[0].resampled  # the prefill token is sampled, not resampled
@@ -76,7 +78,7 @@ BAD = [
 def test_bad_input_is_refused_with_a_message_and_no_engine_call(session, monkeypatch, fields, words):
     calls = []
     monkeypatch.setattr(Engine, "generate", lambda *a, **k: calls.append(a) or iter(()))
-    request = Request(**{"prompt": "hi", **fields})
+    request = Request.of(**{"prompt": "hi", **fields})
     chat = ChatState()
     with pytest.raises(RequestError, match=words):
         session.add_user_turn(chat, request)
@@ -89,11 +91,11 @@ def test_bad_input_is_refused_with_a_message_and_no_engine_call(session, monkeyp
 def test_cuda_graph_mode_is_refused_on_cpu_with_the_reason(session):
     assert "CUDA" in session.cudagraph_unavailable()
     with pytest.raises(RequestError, match="CUDA graphs need a CUDA GPU"):
-        session.check(Request("hi", mode="cudagraph"))
+        session.check(Request.of("hi", mode="cudagraph"))
 
 
 def test_compare_with_target_only_at_t0_reports_token_identical(session):
-    final = list(session.generate(Request("compare me", method="eagle3", max_new_tokens=24, compare=True)))[-1]
+    final = list(session.generate(Request.of("compare me", method="eagle3", max_new_tokens=24, compare=True)))[-1]
     c = final.chat.comparison
     assert c.greedy and c.identical is True and c.first_difference is None
     assert c.baseline_text == final.chat.turns[-1].text
@@ -101,51 +103,51 @@ def test_compare_with_target_only_at_t0_reports_token_identical(session):
 
 
 def test_compare_at_positive_temperature_makes_no_identity_claim(session):
-    final = list(session.generate(Request("hi", temperature=0.7, max_new_tokens=8, compare=True)))[-1]
+    final = list(session.generate(Request.of("hi", temperature=0.7, max_new_tokens=8, compare=True)))[-1]
     assert final.chat.comparison.identical is None and not final.chat.comparison.greedy
 
 
 def test_conversation_continues_with_the_chat_template(session):
-    chat = session.add_user_turn(ChatState(), Request("first question"))
-    chat = list(session.reply(chat, Request("first question", max_new_tokens=5)))[-1].chat
+    chat = session.add_user_turn(ChatState(), Request.of("first question"))
+    chat = list(session.reply(chat, Request.of("first question", max_new_tokens=5)))[-1].chat
     first_reply = chat.turns[-1].text
-    chat = session.add_user_turn(chat, Request("second question"))
+    chat = session.add_user_turn(chat, Request.of("second question"))
     assert [t.role for t in chat.turns] == ["user", "assistant", "user"]
-    ids = session.check(Request("third"), chat)
+    ids = session.check(Request.of("third"), chat)
     prompt = session.tokenizer.decode(ids)
     assert "first question" in prompt and first_reply in prompt and "second question" not in prompt  # replaced
-    chat = list(session.reply(chat, Request("second question", max_new_tokens=5)))[-1].chat
+    chat = list(session.reply(chat, Request.of("second question", max_new_tokens=5)))[-1].chat
     assert [t.role for t in chat.turns] == ["user", "assistant", "user", "assistant"]
 
 
 def test_a_reply_cut_short_by_stop_is_marked_stopped(session):
-    chat = session.add_user_turn(ChatState(), Request("hi"))
-    stream = session.reply(chat, Request("hi", max_new_tokens=50))
+    chat = session.add_user_turn(ChatState(), Request.of("hi"))
+    stream = session.reply(chat, Request.of("hi", max_new_tokens=50))
     next(stream), next(stream)
     stream.close()  # what Gradio does when Stop cancels the event
     assert chat.turns[-1].state == "streaming"
     chat.mark_stopped()
-    assert "(stopped)" in chat.html()
-    chat = session.add_user_turn(chat, Request("again"))  # the conversation goes on
+    assert "(stopped)" in render_chat(chat)
+    chat = session.add_user_turn(chat, Request.of("again"))  # the conversation goes on
     assert chat.turns[-1].role == "user"
 
 
 def test_chat_state_is_deep_copyable(session):
-    final = list(session.generate(Request("hi", max_new_tokens=6, compare=True)))[-1]
+    final = list(session.generate(Request.of("hi", max_new_tokens=6, compare=True)))[-1]
     clone = copy.deepcopy(final.chat)
-    assert clone.html() == final.chat.html() and clone is not final.chat
+    assert render_chat(clone) == render_chat(final.chat) and clone is not final.chat
 
 
 def test_changing_the_drafter_keeps_the_target():
     s = tiny_session()
     target, engine, eagle = s.target, s.engine("eagle3", "eager"), s.drafters["eagle"]
-    before = list(s.generate(Request("hi", max_new_tokens=4)))[-1].chat.turns[-1].text
+    before = list(s.generate(Request.of("hi", max_new_tokens=4)))[-1].chat.turns[-1].text
     warnings = s.switch(ModelChoice("tiny", "tiny", {"eagle3": "/nonexistent/drafter"}))
     assert s.target is target and s.engine("eagle3", "eager") is engine
     assert engine.drafter is s.drafters["eagle3"] and s.drafter_labels["eagle3"] == RANDOM_INIT
     assert s.drafters["eagle"] is eagle  # a drafter not named stays
     assert len(warnings) == 1 and "random-init" in warnings[0] and s.warnings == warnings
-    after = list(s.generate(Request("hi", max_new_tokens=4)))[-1].chat.turns[-1].text
+    after = list(s.generate(Request.of("hi", max_new_tokens=4)))[-1].chat.turns[-1].text
     assert after == before  # T = 0: the drafter changes speed, never the text
 
 

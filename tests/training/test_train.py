@@ -539,7 +539,7 @@ def test_batched_regeneration_equals_per_row_greedy_decoding():
     def greedy(stop):
         out = []
         for p in prompts:
-            gen = GenerationConfig(max_new_tokens=M, speculate=False, stop_token_ids=stop)
+            gen = GenerationConfig(max_new_tokens=M, num_spec_tokens=0, stop_token_ids=stop)
             out.append([t for e in engine.generate(p, gen) for t in e.token_ids])
         return out
 

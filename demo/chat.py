@@ -1,0 +1,173 @@
+"""A conversation and the trace of its latest run, as plain data: what each emitted token is and
+where it came from, the numbers behind the charts, and the comparison with target-only decoding.
+
+No HTML and no figures here (demo/render.py and demo/figures.py draw these objects); everything is
+a deep-copyable dataclass, so a browser session can keep its ``ChatState`` in ``gr.State``.
+
+Provenance of an emitted token (the words of demo/metrics.py):
+
+- depth 1..k: an accepted draft token, the i-th of its step's draft;
+- depth 0: the target's own token at the end of each step (correction or bonus);
+- resampled: at T > 0, the target's own token drawn from the residual after a rejection.
+
+Tokens become text by decoding a window of the sequence and diffing (``IncrementalDecoder``), so
+multi-byte characters and SentencePiece/BPE spaces come out right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from demo.metrics import AcceptanceStats
+
+
+@dataclass
+class TokenPiece:
+    """One emitted token and where it came from."""
+
+    token_id: int
+    text: str  # the characters it added to the reply ("" while a multi-byte character is incomplete)
+    step: int  # the decoding step that emitted it (0: prefill)
+    depth: int  # 1..k: accepted draft token at that depth; 0: the target's own token
+    prob: float  # its probability under the target's (sampling) distribution
+    resampled: bool = False  # T > 0: drawn from the residual after a rejected draft
+
+    @property
+    def kind(self) -> str:
+        if self.depth:
+            return "draft"
+        return "resampled" if self.resampled else "target"
+
+    def describe(self) -> str:
+        """Hover text: step, provenance, probability under the target."""
+        if self.depth:
+            what = f"accepted draft token {self.depth}"
+        elif self.resampled:
+            what = "target's token, resampled after a rejection"
+        else:
+            what = "target's own token" + (" (prefill)" if self.step == 0 else "")
+        return f"step {self.step} · {what} · p = {self.prob:.3f}"
+
+
+def provenance(token_ids: list[int], num_accepted: int, resampled: bool) -> list[tuple[int, bool]]:
+    """(depth, resampled) of each token one step emitted: the accepted drafts first, then the
+    target's own token (absent when a stop token or the budget cut the step short)."""
+    return [(i + 1, False) if i < num_accepted else (0, resampled) for i in range(len(token_ids))]
+
+
+class IncrementalDecoder:
+    """Per-token text of a growing reply: decode a window of the ids and take what the new token
+    added. A token that leaves a character incomplete gets "" and the token that completes it
+    carries the character. The window starts at a token boundary where text was complete."""
+
+    def __init__(self, tokenizer, window: int = 32):
+        self.tokenizer = tokenizer
+        self.window = window
+        self.ids: list[int] = []
+        self.start = 0  # first id of the decode window (always a complete-text boundary)
+        self.prefix_len = 0  # len(decode(ids[start:committed]))
+        self.boundaries = [0]  # indices after which the decoded text was complete
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        text = self._decode(self.ids[self.start:])
+        if text.endswith("\ufffd"):
+            return ""
+        piece = text[self.prefix_len:]
+        end = len(self.ids)
+        self.boundaries.append(end)
+        if end - self.start > 2 * self.window:  # slide the window to a recent complete boundary
+            self.start = next(b for b in reversed(self.boundaries) if b <= end - self.window)
+            self.boundaries = [b for b in self.boundaries if b >= self.start]
+            self.prefix_len = len(self._decode(self.ids[self.start:]))
+        else:
+            self.prefix_len = len(text)
+        return piece
+
+    def flush(self) -> str:
+        """Whatever text is still held back (an incomplete character at the very end)."""
+        text = self._decode(self.ids[self.start:])
+        piece = text[self.prefix_len:]
+        self.prefix_len = len(text)
+        return piece
+
+
+@dataclass
+class StepPoint:
+    """What the charts need from one decoding step (step 0, the prefill, is not a point)."""
+
+    step: int
+    num_drafts: int  # k of this step (0: target-only)
+    num_accepted: int
+    num_emitted: int
+    draft_ms: float
+    verify_ms: float
+    elapsed_s: float  # engine time after this step, prefill included
+    tokens_per_s: float  # running: tokens so far / engine time so far
+
+
+@dataclass
+class Turn:
+    role: str  # "user" or "assistant"
+    text: str
+    pieces: list[TokenPiece] = field(default_factory=list)  # assistant turns: token provenance
+    label: str = ""
+    state: str = "done"  # "streaming", "done", or "stopped" (Stop pressed while streaming)
+
+
+@dataclass
+class RunTrace:
+    """The latest speculative run: what the charts and the stats panel show."""
+
+    method: str
+    mode: str
+    num_spec_tokens: int
+    stats: AcceptanceStats
+    points: list[StepPoint] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Comparison:
+    """Speculative run vs the same prompt target-only, in the same mode."""
+
+    speculative_tokens_per_s: float
+    baseline_tokens_per_s: float
+    greedy: bool
+    identical: bool | None  # T = 0 only: the two replies are token-identical
+    first_difference: int | None  # index of the first differing token, when not identical
+    baseline_text: str
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
+
+
+@dataclass
+class ChatState:
+    """One browser session's conversation (kept in gr.State; deep-copyable)."""
+
+    turns: list[Turn] = field(default_factory=list)
+    trace: RunTrace | None = None
+    comparison: Comparison | None = None
+
+    def mark_stopped(self) -> None:
+        """A turn still streaming when Stop was pressed (or a new message came) was stopped."""
+        for t in self.turns:
+            if t.state == "streaming":
+                t.state = "stopped"
+
+    def messages(self) -> list[dict]:
+        return [{"role": t.role, "content": t.text} for t in self.turns]
+
+
+@dataclass
+class Update:
+    """One view update: the conversation, the numbers, and what is going on."""
+
+    chat: ChatState
+    status: str
+    done: bool = False

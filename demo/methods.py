@@ -1,0 +1,45 @@
+"""The vocabulary of a request, defined once: drafting methods, engine modes, compile scopes, the
+limit on k, and the labels the UI, the bench and the reports print for them.
+
+- method: "none" (the target alone), "eagle" (EAGLE-1) or "eagle3" (EAGLE-3): which drafter
+  proposes; ``DRAFTER_CLASSES`` maps each drafting method to its module.
+- mode: "eager" (every step runs op by op) or "cudagraph" (each step replays CUDA graphs captured
+  before the first request); graph mode changes nothing but time.
+- compile scope: what ``--compile`` compiles before capture, the drafter's steps or all of them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from demo.drafter_eagle import EagleDrafter
+from demo.drafter_eagle3 import Eagle3Drafter
+
+DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
+DRAFT_METHODS = tuple(DRAFTER_CLASSES)  # ("eagle", "eagle3")
+METHODS = ("none",) + DRAFT_METHODS
+METHOD_LABELS = {"none": "target only", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
+
+MODES = ("eager", "cudagraph")
+MODE_LABELS = {"eager": "eager", "cudagraph": "CUDA graph"}
+COMPILE_SCOPES = ("drafter", "all")  # --compile: the drafter's captured steps (default), or every step
+
+# k, draft tokens per step. The engine takes up to MAX_SPEC_TOKENS (deeper chains accept almost
+# nothing more); the app offers up to APP_MAX_SPEC_TOKENS, as many as its depth colours tell apart.
+MAX_SPEC_TOKENS = 32
+APP_MAX_SPEC_TOKENS = 10
+
+
+def num_drafts(method: str, num_spec_tokens: int) -> int:
+    """k of a request: its num_spec_tokens with a drafter, 0 for the target alone."""
+    return 0 if method == "none" else int(num_spec_tokens)
+
+
+def mode_label(mode: str, compile_scope: str | bool | None = None) -> str:
+    """"cudagraph+compile(drafter)" and the like: the mode as reports and the bench print it."""
+    return mode + (f"+compile({compile_scope})" if compile_scope else "")
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16."""
+    return str(dtype).removeprefix("torch.")
