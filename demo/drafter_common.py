@@ -7,9 +7,12 @@ Drafter contract (duck-typed, vLLM's proposer verbs):
   eagerly, before any captured region (EAGLE-3's fc; identity for EAGLE).
 - ``setup_cache(capacity)``: its own one-layer static KV cache and RoPE tables, sized to the
   target's context (not the drafter's max_position_embeddings, vLLM #48894).
-- ``forward(tokens, positions, hidden) -> (logits, hidden_out)``: one pass of the draft layer;
-  slot i pairs token x[i+1] with feature h[i] at position i.
-- ``select(logits) -> target ids``: greedy draft token, mapped from the draft vocabulary (d2t).
+- ``forward(tokens, positions, hidden, slots=None, mask=None) -> (logits, hidden_out)``: one pass
+  of the draft layer; row i pairs token x[i+1] with feature h[i] at position i. K/V go to the cache
+  at `slots` (default: the positions) and attention follows `mask` (default: causal); a draft tree
+  passes its own (demo/tree.py).
+- ``select(logits) -> target ids``: greedy draft token, mapped from the draft vocabulary (d2t);
+  ``to_target(draft_ids)`` maps any draft ids.
 """
 
 from __future__ import annotations
@@ -147,14 +150,22 @@ class DrafterBase(nn.Module):
             self.cos, self.sin = rope_tables(inv_freq, capacity, 1.0, p.dtype, p.device)
         return self.cache
 
-    def rope_and_mask(self, positions: torch.Tensor):
-        # positions [B, q] -> cos, sin [B, 1, q, hd], mask [B, 1, q, S]
-        return (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1),
-                causal_slot_mask(positions, self.cache.capacity))
+    def rope_slots_mask(self, positions: torch.Tensor, slots: torch.Tensor | None, mask: torch.Tensor | None):
+        """cos, sin [B, 1, q, hd] of the positions [B, q]; the cache slots (default: the positions)
+        and the attention mask [B, 1, q, S] (default: causal over the slots, see causal_slot_mask)."""
+        if slots is None:
+            slots = positions
+        if mask is None:
+            mask = causal_slot_mask(positions, self.cache.capacity)
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), slots, mask
 
     def select(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy draft ids in the target's vocabulary; logits [..., Vd] -> [...] int64."""
-        return logits.argmax(-1)
+        return self.to_target(logits.argmax(-1))
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids, same shape (identity without a draft vocabulary)."""
+        return draft_ids
 
     @property
     def drafting_vocab(self) -> int:

@@ -37,17 +37,18 @@ class EagleDrafter(DrafterBase):
         """EAGLE-1 reads the target's final hidden state as it is; [B, q, H] -> [B, q, H]."""
         return features
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
-        tokens, positions: [B, q]; hidden: [B, q, H] -> logits [B, q, V], hidden_out [B, q, H]
+        tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, V], hidden_out [B, q, H]
         """
         cfg, layer = self.cfg, self.layers[0]
         x = self.fc(torch.cat((self.embed(tokens), hidden), dim=-1))  # [B, q, H], also the residual
-        cos, sin, mask = self.rope_and_mask(positions)
+        cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
         k_cache, v_cache = self.cache.layer(0)
         att = layer.self_attn
         x = x + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads, cfg.num_kv_heads,
-                          cfg.head_dim, cos, sin, k_cache, v_cache, positions, mask)
+                          cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(x), x

@@ -89,24 +89,24 @@ class Eagle3Drafter(DrafterBase):
         """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H]."""
         return self.fc(features)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
-        tokens, positions: [B, q]; hidden: [B, q, H] -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
+        tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
         """
         cfg, layer = self.cfg, self.midlayer
         normed = layer.hidden_norm(hidden)
         residual = normed if cfg.norm_before_residual else hidden
         x = torch.cat((layer.input_layernorm(self.embed(tokens)), normed), dim=-1)  # [B, q, 2H]
-        cos, sin, mask = self.rope_and_mask(positions)
+        cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
         k_cache, v_cache = self.cache.layer(0)
         att = layer.self_attn
         h = residual + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads,
-                                 cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, positions, mask)
+                                 cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.norm(h)), h
 
-    def select(self, logits: torch.Tensor) -> torch.Tensor:
-        """Greedy draft token mapped to the target vocabulary: target id = draft id + d2t[draft id]."""
-        draft = logits.argmax(-1)
-        return draft if self.d2t is None else draft + self.d2t[draft]
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids mapped to the target vocabulary: target id = draft id + d2t[draft id]."""
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]

@@ -3,15 +3,19 @@
 Each step is propose -> verify -> account:
 
 1. propose (drafter): catch up on the tokens the last verification emitted, paired with the
-   target's features of the positions before them (token x[i+1] with feature h[i]), then chain
-   k-1 greedy single-token steps feeding back the drafter's own hidden state.
-2. verify (target): one forward over [last token, d_1..d_k] at k+1 positions, then the acceptance
-   rule of demo/sampling.py. Rejected positions stay in the caches and are overwritten later.
+   target's features of the positions before them (token x[i+1] with feature h[i]); then either
+   chain k-1 greedy single-token steps feeding back the drafter's own hidden state, or expand a
+   tree of depth k (demo/tree.py).
+2. verify (target): one forward over [last token, drafts] (k+1 positions for a chain, the tree's
+   nodes under a tree mask), then the acceptance rule of demo/sampling.py (chains) or
+   demo/tree_verify.py (trees). Rejected positions stay in the caches and are overwritten later; a
+   tree's accepted path is first moved next to the root.
 3. account: one device-to-host read of the packed step result; demo/metrics.py counts it.
 
-Every per-step tensor lives in a persistent buffer (``StepBuffers``), so the same step functions
-run eagerly or replay CUDA graphs captured before the first request: graph mode changes nothing but
-time. The engine works on token ids and knows nothing of tokenizers or user interfaces.
+Every per-step tensor lives in a persistent buffer (``StepBuffers``, ``TreeBuffers``), so the same
+step functions run eagerly or replay CUDA graphs captured before the first request: graph mode
+changes nothing but time. The engine works on token ids and knows nothing of tokenizers or user
+interfaces.
 """
 
 from __future__ import annotations
@@ -23,16 +27,21 @@ from typing import Callable, Iterator
 
 import torch
 
-from demo.methods import COMPILE_SCOPES, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
+from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
+from demo.tree import (TREE_SCRATCH, DraftShape, DraftTree, TreeShape, compact_path, draft_tree,
+                       tree_attention_mask)
+from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q
 
 
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 256
-    num_spec_tokens: int = 3  # k; 0: target-only decoding through the same engine (so with no drafter)
+    num_spec_tokens: int = 3  # k: drafts per step, or a tree's depth; 0: target-only through the same engine
+    tree: TreeShape | None = None  # None: a chain of k drafts
+    draft_sampling: str = "pointmass"  # at T > 0, see demo.methods.DRAFT_SAMPLING
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
@@ -42,14 +51,18 @@ class GenerationConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p)
 
+    def draft_shape(self, k: int) -> DraftShape:
+        """What a step drafts with k drafts per step (k = 0: none)."""
+        return DraftShape.of(k, self.tree, sampled=self.draft_sampling == "q" and not self.sampling.greedy)
+
 
 @dataclass
 class StepEvent:
     """What one decoding step did. Step 0 is the prefill, which emits the target's first token."""
 
     step: int
-    draft_ids: list[int]  # the k proposed tokens (target vocabulary); [] at prefill or with no drafter
-    num_accepted: int  # leading drafts the target confirmed
+    draft_ids: list[int]  # the drafts verified (target vocabulary): a chain's k, or a tree's nodes; []: none
+    num_accepted: int  # drafts the target confirmed, along the accepted path
     token_ids: list[int]  # emitted: accepted drafts, then the target's own token (cut at stop/budget)
     token_probs: list[float]  # each emitted token's probability under the target's distribution
     resampled: bool  # T > 0 and the target's own token was drawn after a rejection
@@ -58,25 +71,51 @@ class StepEvent:
     stats: AcceptanceStats  # running totals after this step (a snapshot)
     finished: bool = False
     finish_reason: str | None = None  # "stop" (a stop token) or "length"
+    tree: DraftTree | None = None  # the step's drafts as a tree (a chain is a path), with q, p and the accepted path
 
 
 @dataclass
 class StepBuffers:
-    """Persistent tensors of one speculation depth k: every graph input and output lives here."""
+    """Persistent tensors of one draft shape: every graph input and output lives here. A chain uses
+    the verify_* and chain fields as they are; a tree (``tree`` set) stages its root in root_*,
+    builds verify_* each step, and keeps the accepted path's features in catch_features."""
 
-    k: int
-    verify_tokens: torch.Tensor  # [1, k+1] int64: the target's last token, then the drafts
-    verify_positions: torch.Tensor  # [1, k+1] int64
-    catch_tokens: torch.Tensor  # [1, k+1] int64: tokens emitted by the last verification (padded)
-    catch_positions: torch.Tensor  # [1, k+1] int64: the positions of the features they pair with
-    catch_hidden: torch.Tensor  # [1, k+1, Hd] drafter input after project()
+    shape: DraftShape
+    verify_tokens: torch.Tensor  # [1, W] int64, W = shape.width: the target's last token, then the drafts
+    verify_positions: torch.Tensor  # [1, W] int64
+    catch_tokens: torch.Tensor  # [1, D+1] int64: tokens emitted by the last verification (padded)
+    catch_positions: torch.Tensor  # [1, D+1] int64: the positions of the features they pair with
+    catch_hidden: torch.Tensor  # [1, D+1, Hd] drafter input after project()
     catch_last: torch.Tensor  # [1] int64: index of the last emitted token (= accepted count)
-    draft_token: torch.Tensor  # [1, 1] int64: first draft of the chain
-    draft_hidden: torch.Tensor  # [1, 1, Hd]
-    draft_position: torch.Tensor  # [1, 1] int64
-    result: torch.Tensor  # [packed_size(k)] float64: pack_result's layout
-    features: torch.Tensor | None = None  # [1, k+1, F] target features of the last verification
+    root_logits: torch.Tensor  # [1, 1, Vd] the drafter's logits at the last emitted token
+    draft_hidden: torch.Tensor  # [1, 1, Hd] its hidden output there
+    draft_position: torch.Tensor  # [1, 1] int64: the drafter position of the first draft's row
+    result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
+    catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects
+    tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
+
+    @property
+    def k(self) -> int:
+        return self.shape.depth
+
+
+@dataclass
+class TreeBuffers:
+    """A tree step's own persistent tensors (N draft nodes, W = N + 1 verified)."""
+
+    root_token: torch.Tensor  # [1] int64: the last emitted token, the tree's root
+    root_slot: torch.Tensor  # [1] int64: its position, and the slot where the tree starts
+    verify_slots: torch.Tensor  # [1, W] int64: root_slot + node index
+    verify_mask: torch.Tensor  # [1, 1, W, S] bool: tree_attention_mask
+    parents: torch.Tensor  # [W] int64
+    depths: torch.Tensor  # [W] int64
+    draft_logq: torch.Tensor  # [W] float32: log q of each node's token at its parent
+    q_row: torch.Tensor  # [W] int64: the row of q each node was drawn from (sampled drafts)
+    q: torch.Tensor | None  # [R, V] float32: the drafter's q over the target vocabulary (sampled drafts)
+    uniforms: torch.Tensor | None  # [D, K*K] float32: the draws of sampled drafts, made before the step
+    temperature: torch.Tensor  # [1] float32: the request's, for sampled drafts' q (a buffer: graphs replay any)
+    draft_to_target: torch.Tensor  # [Vd] int64: target id of every draft id
 
 
 def compile_step(fn: Callable[[], object]):
@@ -152,7 +191,7 @@ class Engine:
         self.compile = compile
         self.max_context = min(max_context, target.config.max_position_embeddings)
         self.eos_token_ids = target.eos_token_ids
-        self._buffers: dict[int, StepBuffers] = {}
+        self._buffers: dict[DraftShape, StepBuffers] = {}
         self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
         self.target.setup_cache(self.max_context)
         self.drafter = None
@@ -182,49 +221,64 @@ class Engine:
             aux = tuple(drafter.cfg.aux_layer_ids or self.target.config.default_aux_layers())
             self.target.check_aux_layers(aux)
         self.drafter, self.aux_layers = drafter, aux
-        self._buffers = {k: b for k, b in self._buffers.items() if k == 0}  # drafter graphs are stale
+        self._buffers = {s: b for s, b in self._buffers.items() if s.depth == 0}  # drafter graphs are stale
         if drafter is None:
             return
         drafter.share_target(self.target)
         drafter.to(device=self.target.device, dtype=self.target.dtype).eval().requires_grad_(False)
-        drafter.setup_cache(self.max_context)
+        # the context, then scratch slots for the rows of a tree's frontier nodes (demo/tree.py)
+        drafter.setup_cache(self.max_context + TREE_SCRATCH)
 
     def describe(self) -> dict:
         return {"method": self.method, "mode": mode_label(self.mode, self.compile),
                 "device": str(self.device), "dtype": dtype_label(self.target.dtype), "max_context": self.max_context}
 
-    def prepare(self, k: int) -> StepBuffers:
-        """Allocate the persistent buffers for depth k and, in cudagraph mode, capture every step
-        function now (never lazily in the middle of a generation)."""
-        if k in self._buffers:
-            return self._buffers[k]
-        dev, t = self.device, self.target
+    def prepare(self, shape: DraftShape | int) -> StepBuffers:
+        """Allocate the persistent buffers for a draft shape (an int k: a chain of k) and, in
+        cudagraph mode, capture every step function now (never lazily in the middle of a generation)."""
+        shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
+        if shape in self._buffers:
+            return self._buffers[shape]
+        shape.check()
+        dev, t, k = self.device, self.target, shape.depth
         hd = self.drafter.cfg.hidden_size if k else 1
+        vd = self.drafter.drafting_vocab if k else 1
         zeros = lambda *s, dtype=torch.int64: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
         b = StepBuffers(
-            k=k,
-            verify_tokens=zeros(1, k + 1),
-            verify_positions=torch.arange(k + 1, device=dev).view(1, -1),
+            shape=shape,
+            verify_tokens=zeros(1, shape.width),
+            verify_positions=torch.arange(shape.width, device=dev).view(1, -1),
             catch_tokens=zeros(1, k + 1),
             catch_positions=torch.arange(k + 1, device=dev).view(1, -1),
             catch_hidden=zeros(1, k + 1, hd, dtype=t.dtype),
             catch_last=zeros(1),
-            draft_token=zeros(1, 1),
+            root_logits=zeros(1, 1, vd, dtype=t.dtype),
             draft_hidden=zeros(1, 1, hd, dtype=t.dtype),
             draft_position=zeros(1, 1),
-            result=zeros(packed_size(k), dtype=torch.float64),
+            result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
         )
-        self._buffers[k] = b
+        if shape.tree:
+            w, r = shape.width, 1 + (k - 1) * shape.topk
+            b.tree = TreeBuffers(
+                root_token=zeros(1), root_slot=zeros(1), verify_slots=torch.arange(w, device=dev).view(1, -1),
+                verify_mask=zeros(1, 1, w, t.cache.capacity, dtype=torch.bool), parents=zeros(w), depths=zeros(w),
+                draft_logq=zeros(w, dtype=torch.float32), q_row=zeros(w),
+                q=zeros(r, t.config.vocab_size, dtype=torch.float32) if shape.sampled else None,
+                uniforms=zeros(k, shape.topk ** 2, dtype=torch.float32) if shape.sampled else None,
+                temperature=torch.ones(1, device=dev),
+                draft_to_target=self.drafter.to_target(torch.arange(vd, device=dev)))
+        self._buffers[shape] = b
         if self.mode == "cudagraph":
             start = time.perf_counter()
-            # one memory pool per depth, alive exactly as long as its graphs: capturing into a pool
+            # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
             # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
             # allocator's assert, as the batched generator found on the H200
             pool = torch.cuda.graph_pool_handle()
             fns = {"verify": lambda: self._verify_forward(b)}
             if k > 0:
                 fns["catch_up"] = lambda: self._catch_up(b)
-                fns["chain"] = lambda: self._chain(b)
+                fns["tree" if shape.tree else "chain"] = (lambda: self._draft_tree(b)) if shape.tree else \
+                    (lambda: self._chain(b))
             for name, fn in fns.items():
                 b.graphs[name] = CapturedStep(self._maybe_compile(fn, name), pool)
             self.capture_s += time.perf_counter() - start
@@ -238,24 +292,28 @@ class Engine:
     # ------------------------------------------------------------------ step functions
     # These read and write only persistent buffers and caches, and never sync with the host.
     def _verify_forward(self, b: StepBuffers):
-        """Target forward over [last token, drafts]; returns (logits [1,k+1,V], features [1,k+1,F])."""
+        """Target forward over [last token, drafts]; returns (logits [1,W,V], features [1,W,F])."""
         feats = self._features_of(b.k)
-        out = self.target.forward(b.verify_tokens, b.verify_positions, aux_layers=feats or ())
+        tree = b.tree
+        out = self.target.forward(b.verify_tokens, b.verify_positions, aux_layers=feats or (),
+                                  slots=tree.verify_slots if tree else None, mask=tree.verify_mask if tree else None)
         return out.logits, (out.aux if feats else out.hidden)
 
     def _catch_up(self, b: StepBuffers):
-        """Drafter pass over the k+1 slots of the last verification; keeps the row of the last
-        emitted token as the start of the chain. Rows after it write stale K/V that later steps
-        overwrite before any query can see them."""
+        """Drafter pass over the k+1 slots of the last verification's emitted tokens; keeps the row
+        of the last emitted token as the start of the next draft. Rows after it write stale K/V that
+        later steps overwrite before any query can see them."""
         logits, hidden = self.drafter.forward(b.catch_tokens, b.catch_positions, b.catch_hidden)
         last = b.catch_last
-        b.draft_token.copy_(self.drafter.select(logits.index_select(1, last)))  # [1, 1]
+        b.root_logits.copy_(logits.index_select(1, last))  # [1, 1, Vd]
         b.draft_hidden.copy_(hidden.index_select(1, last))  # [1, 1, Hd]
         b.draft_position.copy_(b.catch_positions.index_select(1, last) + 1)  # [1, 1]
 
     def _chain(self, b: StepBuffers):
-        """k-1 greedy single-token draft steps from the chain start; drafts go to verify_tokens[1:]."""
-        token, hidden, position = b.draft_token, b.draft_hidden, b.draft_position
+        """k greedy drafts from the root's logits, k-1 single-token drafter steps; drafts go to
+        verify_tokens[1:]."""
+        token = self.drafter.select(b.root_logits)  # [1, 1]
+        hidden, position = b.draft_hidden, b.draft_position
         b.verify_tokens[:, 1:2].copy_(token)
         for j in range(1, b.k):
             logits, hidden = self.drafter.forward(token, position, hidden)
@@ -263,12 +321,30 @@ class Engine:
             position = position + 1
             b.verify_tokens[:, j + 1:j + 2].copy_(token)
 
+    def _draft_tree(self, b: StepBuffers):
+        """Expand and prune the step's tree (demo/tree.py); stage its tokens, positions, slots and mask."""
+        tb, shape = b.tree, b.shape
+        draft = draft_tree(self.drafter, shape, tb.root_token, b.root_logits.view(-1), b.draft_hidden.view(-1),
+                           b.draft_position.view(()), self.max_context, tb.uniforms, tb.temperature)
+        b.verify_tokens.copy_(draft.tokens.view(1, -1))
+        b.verify_positions.copy_((tb.root_slot + draft.depths).view(1, -1))
+        tb.verify_slots.copy_((tb.root_slot + torch.arange(shape.width, device=self.device)).view(1, -1))
+        tb.verify_mask.copy_(tree_attention_mask(draft.parents, shape.depth, tb.root_slot.view(()),
+                                                 self.target.cache.capacity))
+        tb.parents.copy_(draft.parents)
+        tb.depths.copy_(draft.depths)
+        tb.draft_logq.copy_(draft.draft_logq)
+        tb.q_row.copy_(draft.q_row)
+        if tb.q is not None:  # the drafter's q over the target vocabulary, for the acceptance test
+            tb.q.zero_().index_copy_(1, tb.draft_to_target, draft.q)
+
     def _run(self, b: StepBuffers, name: str, fn):
         graph = b.graphs.get(name)
         return graph() if graph is not None else fn()
 
-    def _accept(self, b: StepBuffers, logits: torch.Tensor, params: SamplingParams, generator):
-        """Acceptance test on the device; stages the next step's inputs and the packed result."""
+    def _accept(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
+                generator):
+        """Chain acceptance test on the device; stages the next step's inputs and the packed result."""
         k = b.k
         drafts = b.verify_tokens[0, 1:]  # [k]
         probs = target_probs(logits[0], params)  # [k+1, V]
@@ -277,14 +353,46 @@ class Engine:
         else:
             n, tokens = verify_sampled(drafts, probs, generator)
         token_probs = probs.gather(1, tokens.view(-1, 1)).view(-1)  # [k+1]
+        draft_p = probs[:k].gather(1, drafts.view(-1, 1)).view(-1)  # [k] p of each draft at its position
         # the drafter next pairs these tokens with this verification's features, at its positions
         b.catch_tokens[0].copy_(tokens)
         b.catch_positions.copy_(b.verify_positions)
         b.catch_last.copy_(n.view(1))
+        b.catch_features = features
         # the next verification starts from the target's own token, one past the last emitted
         b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
         b.verify_positions.add_(n + 1)
-        b.result.copy_(pack_result(n, tokens, token_probs, drafts))
+        chain = torch.arange(k, device=drafts.device)  # [k] node i+1's parent is node i
+        b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, torch.full_like(draft_p, -1.0),
+                                   draft_p))
+
+    def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
+                     generator):
+        """Tree acceptance test on the device; moves the accepted path's target K/V next to the root,
+        stages the catch-up over the path and the next root, and packs the result."""
+        tb, shape, D = b.tree, b.shape, b.k
+        tokens = b.verify_tokens[0]  # [W]
+        probs = target_probs(logits[0], params)  # [W, V]
+        if params.greedy:
+            n, path, out = verify_tree_greedy(tokens, tb.parents, tb.depths, logits[0], D)
+        elif shape.sampled:
+            n, path, out = verify_tree_q(tokens, tb.parents, tb.depths, probs, tb.q, tb.q_row, D, generator,
+                                         max_children=shape.topk)
+        else:
+            n, path, out = verify_tree_pointmass(tokens, tb.parents, tb.depths, probs, D, generator)
+        rows = torch.cat((path.new_zeros(1), path))  # [D+1] the root, then the path's nodes
+        token_probs = probs[rows, out]  # [D+1] each emitted token under the target at its parent
+        root = tb.root_slot.view(())
+        compact_path(self.target.cache, root, path)
+        b.catch_tokens[0].copy_(out)
+        b.catch_positions.copy_((root + torch.arange(D + 1, device=self.device)).view(1, -1))
+        b.catch_last.copy_(n.view(1))
+        b.catch_features = features.index_select(1, rows)  # [1, D+1, F]
+        tb.root_token.copy_(out.index_select(0, n.view(1)))
+        tb.root_slot.add_(n + 1)
+        nodes = tokens[1:]  # [N]
+        node_p = probs[tb.parents[1:], nodes]  # [N] p of each node's token at its parent
+        b.result.copy_(pack_result(n, out, token_probs, path, nodes, tb.parents[1:], tb.draft_logq[1:].exp(), node_p))
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
@@ -295,15 +403,21 @@ class Engine:
             raise ValueError("the prompt is empty")
         if gen.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if gen.draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f"draft_sampling must be one of {DRAFT_SAMPLING}, not {gen.draft_sampling!r}")
         k = gen.num_spec_tokens if self.drafter is not None else 0
         if not 0 <= k <= MAX_SPEC_TOKENS:
             raise ValueError(f"num_spec_tokens must be in 0..{MAX_SPEC_TOKENS}, not {k}")
-        need = len(prompt_ids) + gen.max_new_tokens + k + 1
+        shape = gen.draft_shape(k)
+        shape.check()
+        need = len(prompt_ids) + gen.max_new_tokens + shape.width
         if need > self.max_context:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + k + 1 "
-                             f"= {need} exceeds the context of {self.max_context} tokens")
-        b = self.prepare(k)
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + "
+                             f"{shape.width} verified per step = {need} exceeds the context of {self.max_context} tokens")
         params = gen.sampling
+        b = self.prepare(shape)
+        if b.tree is not None:
+            b.tree.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)
         generator = None
         if not params.greedy:
@@ -326,22 +440,27 @@ class Engine:
         clock = time.perf_counter()
         generated = 1
         step = 0
+        accept = self._accept_tree if shape.tree else self._accept
         while not done:
             step += 1
             timer.start()
             if k:
                 if step > 1:  # after the prefill the drafter has already caught up
-                    b.catch_hidden.copy_(self.drafter.project(b.features))
+                    b.catch_hidden.copy_(self.drafter.project(b.catch_features))
                     self._run(b, "catch_up", lambda: self._catch_up(b))
-                self._run(b, "chain", lambda: self._chain(b))
+                if shape.tree:
+                    if shape.sampled:  # the draws of sampled drafts, made outside any graph
+                        b.tree.uniforms.uniform_(generator=generator)
+                    self._run(b, "tree", lambda: self._draft_tree(b))
+                else:
+                    self._run(b, "chain", lambda: self._chain(b))
             timer.mark()
             logits, features = self._run(b, "verify", lambda: self._verify_forward(b))
-            b.features = features
-            self._accept(b, logits, params, generator)
+            accept(b, logits, features, params, generator)
             timer.mark()
             packed = b.result.tolist()  # the one device-to-host sync of this step
             draft_ms, verify_ms = timer.read()
-            n, tokens, probs, drafts = unpack_result(packed, k)
+            n, tokens, probs, tree = unpack_result(packed, k, shape.nodes)
             if k:
                 stats.observe_draft(k, n)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
@@ -349,13 +468,14 @@ class Engine:
             done = reason is not None
             stats.observe_step(len(emitted), draft_ms, verify_ms)
             stats.elapsed_s += time.perf_counter() - clock
-            resampled = not params.greedy and n < k and len(emitted) == n + 1
-            yield StepEvent(step, drafts, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,
-                            stats.snapshot(), done, reason)
+            end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
+            resampled = not params.greedy and end in tree.parents and len(emitted) == n + 1
+            yield StepEvent(step, tree.tokens, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,
+                            stats.snapshot(), done, reason, tree if k else None)
             clock = time.perf_counter()
 
     def _prefill(self, b: StepBuffers, prompt_ids: list[int], params: SamplingParams, generator):
-        """Fill both caches with the prompt; stage the first verification. Returns (token, prob)."""
+        """Fill both caches with the prompt; stage the first draft and verification. Returns (token, prob)."""
         dev, k = self.device, b.k
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=dev)  # [1, P]
         P = ids.shape[1]
@@ -368,13 +488,17 @@ class Engine:
             token = logits.argmax(-1)  # [1]
         else:
             token = verify_sampled(ids.new_zeros(0), probs, generator)[1]
-        b.verify_tokens[:, :1].copy_(token.view(1, 1))
-        b.verify_positions.copy_(torch.arange(P, P + k + 1, device=dev).view(1, -1))
+        if b.tree is not None:
+            b.tree.root_token.copy_(token.view(1))
+            b.tree.root_slot.fill_(P)
+        else:
+            b.verify_tokens[:, :1].copy_(token.view(1, 1))
+            b.verify_positions.copy_(torch.arange(P, P + k + 1, device=dev).view(1, -1))
         if k:
             hidden = self.drafter.project(out.aux if feats else out.hidden)  # [1, P, Hd]
             tokens = torch.cat((ids[:, 1:], token.view(1, 1)), dim=1)  # x[i+1] pairs with h[i]
             d_logits, d_hidden = self.drafter.forward(tokens, positions, hidden)
-            b.draft_token.copy_(self.drafter.select(d_logits[:, -1:]))
+            b.root_logits.copy_(d_logits[:, -1:])
             b.draft_hidden.copy_(d_hidden[:, -1:])
             b.draft_position.fill_(P)
         first = int(token.item())  # the prefill's one host sync: the first token streams at once
@@ -382,25 +506,41 @@ class Engine:
 
 
 # ---------------------------------------------------------------------- the packed step result
-# One float64 tensor per step, read with one host sync: [accepted, tokens (k+1), their target
-# probabilities (k+1), drafts (k)]. Token ids below 2**53 are exact in float64.
-def packed_size(k: int) -> int:
-    return 1 + 2 * (k + 1) + k
+# One float64 tensor per step, read with one host sync (token ids below 2**53 are exact):
+# [accepted n, emitted tokens (D+1), their target probabilities (D+1), accepted path (D node ids),
+#  draft node tokens (N), their parents (N), q (N; -1: not computed), p (N)]. A chain of k is the
+# tree whose node i+1 hangs from node i (D = N = k).
+def packed_size(depth: int, nodes: int) -> int:
+    return 1 + 2 * (depth + 1) + depth + 4 * nodes
 
 
-def pack_result(n: torch.Tensor, tokens: torch.Tensor, token_probs: torch.Tensor,
-                drafts: torch.Tensor) -> torch.Tensor:
-    """n: [] accepted; tokens, token_probs: [k+1]; drafts: [k] -> [packed_size(k)] float64 (on the device)."""
-    return torch.cat((n.view(1).double(), tokens.double(), token_probs.double(), drafts.double()))
+def pack_result(n: torch.Tensor, tokens: torch.Tensor, token_probs: torch.Tensor, path: torch.Tensor,
+                nodes: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor,
+                target_probs: torch.Tensor) -> torch.Tensor:
+    """n: []; tokens, token_probs: [D+1]; path: [D]; nodes, parents, draft_probs, target_probs: [N]
+    -> [packed_size(D, N)] float64 (on the device)."""
+    parts = (n.view(1), tokens, token_probs, path, nodes, parents, draft_probs, target_probs)
+    return torch.cat([p.double() for p in parts])
 
 
-def unpack_result(packed: list[float], k: int) -> tuple[int, list[int], list[float], list[int]]:
-    """The host's reading of pack_result: (accepted n, the n+1 emitted tokens, their probabilities, drafts)."""
+def unpack_result(packed: list[float], depth: int, nodes: int) -> tuple[int, list[int], list[float], DraftTree]:
+    """The host's reading of pack_result: (accepted n, the n+1 emitted tokens, their probabilities, the tree)."""
+    D, N = depth, nodes
     n = int(packed[0])
-    tokens = [int(t) for t in packed[1:k + 2]][: n + 1]
-    probs = packed[k + 2: 2 * k + 3][: n + 1]
-    drafts = [int(t) for t in packed[2 * k + 3:]]
-    return n, tokens, probs, drafts
+    at = 1
+    def take(count):  # noqa: E306
+        nonlocal at
+        part = packed[at:at + count]
+        at += count
+        return part
+    tokens = [int(t) for t in take(D + 1)][: n + 1]
+    probs = take(D + 1)[: n + 1]
+    path = [int(i) for i in take(D)][:n]
+    node_tokens = [int(t) for t in take(N)]
+    parents = [int(i) for i in take(N)]
+    q = take(N)
+    tree = DraftTree(node_tokens, parents, None if any(x < 0 for x in q) else q, take(N), path)
+    return n, tokens, probs, tree
 
 
 def _cut(tokens: list[int], stop: set[int], budget: int) -> tuple[list[int], str | None]:

@@ -76,15 +76,15 @@ def attention(
     head_dim: int,
     cos: torch.Tensor,  # [B, 1, q, hd]
     sin: torch.Tensor,  # [B, 1, q, hd]
-    k_cache: torch.Tensor,  # [B, nkv, S, hd], written in place at `positions`
+    k_cache: torch.Tensor,  # [B, nkv, S, hd], written in place at `slots`
     v_cache: torch.Tensor,  # [B, nkv, S, hd]
-    positions: torch.Tensor,  # [B, q] int64, also the cache slots
+    slots: torch.Tensor,  # [B, q] int64: the cache slots of these tokens (their positions, except in a tree)
     mask: torch.Tensor,  # [B, 1, q, S] bool
     q_norm=None,  # Qwen3-style per-head RMSNorm modules (weight, variance_epsilon)
     k_norm=None,
 ) -> torch.Tensor:  # [B, q, H]
-    """Self-attention over a static cache: write this step's K/V at their positions, attend to all
-    slots the mask allows, project out."""
+    """Self-attention over a static cache: write this step's K/V at their slots, attend to all
+    slots the mask allows, project out. RoPE comes in as cos/sin of the tokens' positions."""
     B, q, _ = x.shape
     qs = q_proj(x).view(B, q, num_heads, head_dim)
     ks = k_proj(x).view(B, q, num_kv_heads, head_dim)
@@ -95,7 +95,7 @@ def attention(
     qs = apply_rope(qs.transpose(1, 2), cos, sin)  # [B, nh, q, hd]
     ks = apply_rope(ks.transpose(1, 2), cos, sin)  # [B, nkv, q, hd]
     vs = vs.transpose(1, 2)
-    index = positions[:, None, :, None].expand(B, num_kv_heads, q, head_dim)
+    index = slots[:, None, :, None].expand(B, num_kv_heads, q, head_dim)
     k_cache.scatter_(2, index, ks)
     v_cache.scatter_(2, index, vs)
     out = F.scaled_dot_product_attention(

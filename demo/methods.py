@@ -6,6 +6,8 @@ limit on k, and the labels the UI, the bench and the reports print for them.
 - mode: "eager" (every step runs op by op) or "cudagraph" (each step replays CUDA graphs captured
   before the first request); graph mode changes nothing but time.
 - compile scope: what ``--compile`` compiles before capture, the drafter's steps or all of them.
+- draft shape: a chain of k drafts, or a tree of depth k (demo/tree.py); draft sampling: how
+  drafts are drawn at T > 0.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ METHOD_LABELS = {"none": "target only", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
 MODES = ("eager", "cudagraph")
 MODE_LABELS = {"eager": "eager", "cudagraph": "CUDA graph"}
 COMPILE_SCOPES = ("drafter", "all")  # --compile: the drafter's captured steps (default), or every step
+
+# How drafts are drawn at T > 0 (at T = 0 they are always the drafter's top choices):
+# "pointmass": the drafter's top choices, each accepted with the target's probability p(x), siblings
+#   of a tree tried in turn (EAGLE's rule); "q": drawn from the drafter's distribution q, accepted
+#   with min(1, p/q) (speculative sampling; SpecInfer's rule on trees). Both keep the target's distribution.
+DRAFT_SAMPLING = ("pointmass", "q")
 
 # k, draft tokens per step. The engine takes up to MAX_SPEC_TOKENS (deeper chains accept almost
 # nothing more); the app offers up to APP_MAX_SPEC_TOKENS, as many as its depth colours tell apart.

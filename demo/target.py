@@ -132,18 +132,22 @@ class Target:
         return self.cache
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, aux_layers: tuple[int, ...] = (),
-                last_logits_only: bool = False) -> TargetOutput:
-        """Run tokens at positions through the decoder, writing their K/V into the cache. `aux_layers`
-        names the residual streams to return (id i: the stream entering layer i), in that order.
+                last_logits_only: bool = False, slots: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> TargetOutput:
+        """Run tokens at positions through the decoder, writing their K/V into the cache at `slots`
+        (default: the positions) and attending as `mask` allows (default: causal over the slots; a
+        draft tree passes its own, demo/tree.py). `aux_layers` names the residual streams to return
+        (id i: the stream entering layer i), in that order.
 
         No blocking CPU operation happens here: it is captured as a CUDA graph as it stands.
         """
-        # tokens, positions: [B, q] int64
+        # tokens, positions, slots: [B, q] int64; mask: [B, 1, q, S] bool
         c, cache = self.config, self.cache
         x = self.embed(tokens)  # [B, q, H]
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, q, hd]
         sin = self.sin[positions].unsqueeze(1)
-        mask = causal_slot_mask(positions, cache.capacity)  # [B, 1, q, S]
+        slots = positions if slots is None else slots
+        mask = causal_slot_mask(positions, cache.capacity) if mask is None else mask  # [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
@@ -153,7 +157,7 @@ class Target:
             h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
             x = x + attention(
                 h, att.q_proj, att.k_proj, att.v_proj, att.o_proj, c.num_heads, c.num_kv_heads, c.head_dim,
-                cos, sin, k_cache, v_cache, positions, mask,
+                cos, sin, k_cache, v_cache, slots, mask,
                 getattr(att, "q_norm", None), getattr(att, "k_norm", None),
             )
             h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)

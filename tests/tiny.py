@@ -10,6 +10,8 @@ token, so greedy runs always go to max_new_tokens.
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -78,36 +80,47 @@ def tiny_drafter(method: str, target: Target, *, draft_vocab_size: int = 0, seed
 class OracleDrafter(nn.Module):
     """Proposes the tokens of a known continuation `table` (prompt + answer), wrong wherever the
     table was corrupted: acceptance is high and uneven, so runs see full accepts, bonus tokens and
-    early rejections. Follows the drafter contract of demo/drafter_common.py."""
+    early rejections. With `runner_up` (the true continuation), its second choice is that table's
+    token: where the first choice is wrong, a tree's second child is right. Follows the drafter
+    contract of demo/drafter_common.py; it reads positions only, so a tree's slots and mask do not
+    matter to it."""
 
     feature = "hidden"
 
-    def __init__(self, table: list[int], vocab_size: int, hidden_size: int):
+    def __init__(self, table: list[int], vocab_size: int, hidden_size: int, runner_up: list[int] | None = None):
         super().__init__()
         self.cfg = DrafterConfig(method="eagle", hidden_size=hidden_size, intermediate_size=1, num_heads=1,
                                  num_kv_heads=1, vocab_size=vocab_size)
-        self.register_buffer("table", torch.tensor(table + [0] * 64))
+        self.register_buffer("table", torch.tensor(table + [0] * 512))
+        self.register_buffer("runner_up", torch.tensor((runner_up or table) + [0] * 512))
         self.vocab_size = vocab_size
+        self.drafting_vocab = vocab_size
 
     def share_target(self, target):
         pass
 
     def setup_cache(self, capacity: int, batch: int = 1):
-        pass
+        self.cache = types.SimpleNamespace(capacity=capacity)  # no K/V: only a tree's mask width reads it
 
     def project(self, features):
         return features
 
-    def forward(self, tokens, positions, hidden):
-        # the slot at position i pairs token x[i+1] with feature h[i]: it predicts x[i+2]
-        nxt = self.table[positions + 2]
-        return nn.functional.one_hot(nxt, self.vocab_size).to(hidden.dtype), hidden
+    def forward(self, tokens, positions, hidden, slots=None, mask=None):
+        # the row at position i pairs token x[i+1] with feature h[i]: it predicts x[i+2]
+        first = nn.functional.one_hot(self.table[positions + 2], self.vocab_size)
+        second = nn.functional.one_hot(self.runner_up[positions + 2], self.vocab_size)
+        return (2 * first + second).to(hidden.dtype), hidden
 
     def select(self, logits):
         return logits.argmax(-1)
 
+    def to_target(self, ids):
+        return ids
 
-def corrupted_oracle(table: list[int], target: Target, every: int = 5, skip: int = 0) -> OracleDrafter:
-    """An OracleDrafter whose every `every`-th proposal (after `skip` positions) is wrong."""
+
+def corrupted_oracle(table: list[int], target: Target, every: int = 5, skip: int = 0,
+                     runner_up: bool = False) -> OracleDrafter:
+    """An OracleDrafter whose every `every`-th proposal (after `skip` positions) is wrong; with
+    `runner_up` the right token is its second choice there."""
     wrong = [t if i < skip or (i - skip) % every else (t + 1) % target.config.vocab_size for i, t in enumerate(table)]
-    return OracleDrafter(wrong, target.config.vocab_size, target.config.hidden_size)
+    return OracleDrafter(wrong, target.config.vocab_size, target.config.hidden_size, table if runner_up else None)

@@ -1,0 +1,243 @@
+"""Draft trees: what a step drafts when it drafts more than a chain (EAGLE-2 / EAGLE-3 dynamic trees).
+
+The shape follows SGLang's flags: ``depth`` draft steps (``--speculative-num-steps``), ``topk``
+children expanded per node per step (``--speculative-eagle-topk``) and ``num_draft_tokens``
+tokens verified per step, the root included (``--speculative-num-draft-tokens``). A step:
+
+1. The root is the last emitted token; the drafter's catch-up left its logits (``root_logits``).
+   Its top-k tokens are the depth-1 candidates, scored by log q.
+2. Each further step runs the drafter once over the frontier (the k best nodes of the last depth),
+   each frontier node attending to the committed text and to its own ancestors only; each node's
+   top-k children become candidates scored by cumulative log q, and the k best become the frontier.
+   Drafter K/V of frontier nodes go to scratch slots past the context (``TREE_SCRATCH``), so the
+   committed cache is never touched; the next catch-up rewrites the accepted path's rows.
+3. The ``num_draft_tokens - 1`` best candidates overall are verified (a stable sort: a parent scores
+   at least its child and comes first on a tie, so every kept node's ancestors are kept), in
+   candidate order, which puts parents before children and siblings in the drafter's order.
+4. The target verifies all nodes in one forward: node i is written at slot root + i, with RoPE
+   position root + depth(i), and sees the committed text, the root and its own ancestors only
+   (``tree_attention_mask``). The rules of demo/tree_verify.py pick the accepted path; the engine
+   then moves the path's target K/V to the slots right after the root (``compact_path``).
+
+Sampled drafts (``sampled``: the q rule at T > 0): children are drawn i.i.d. from the drafter's q
+at the target's temperature, by inverse CDF on uniforms drawn before the step, and every candidate
+is verified (no pruning: SpecInfer's rule is exact only when a node's children are i.i.d. draws).
+
+A chain is a tree with topk = 1; ``DraftShape`` says which machinery a step runs. Every function
+here runs on the device over static shapes without host syncs, so it is captured as it stands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Drafter cache slots reserved past the context for frontier nodes ((depth - 1) * topk of them).
+TREE_SCRATCH = 512
+MAX_TREE_TOPK = 16
+MAX_DRAFT_TOKENS = 256  # verified per step, the root included
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A request's tree: children per expanded node and tokens verified per step (root included,
+    as SGLang counts them); 0 verifies every candidate. The depth is the request's k."""
+
+    topk: int = 4
+    num_draft_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N
+    (root excluded), drafts sampled from q or the drafter's top choices, and tree machinery or the
+    plain chain (a chain is the tree K = 1, N = D)."""
+
+    depth: int
+    topk: int = 1
+    nodes: int = 0
+    sampled: bool = False
+    tree: bool = False
+
+    @classmethod
+    def of(cls, k: int, tree: TreeShape | None, sampled: bool) -> "DraftShape":
+        """The shape of a request: a chain of k, or a tree of depth k (sampled drafts need the tree
+        machinery, and verify every candidate)."""
+        if k == 0:
+            return cls(0)
+        if tree is None and not sampled:
+            return cls(k, 1, k)
+        topk = tree.topk if tree is not None else 1
+        full = topk + (k - 1) * topk * topk
+        nodes = full if sampled or tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
+        return cls(k, topk, nodes, sampled, True)
+
+    @property
+    def candidates(self) -> int:
+        """Nodes drafted before pruning: K at depth 1, then K * K per further depth."""
+        return self.topk + (self.depth - 1) * self.topk * self.topk
+
+    @property
+    def width(self) -> int:
+        """Tokens the target verifies per step: the root and the draft nodes."""
+        return self.nodes + 1
+
+    def check(self) -> None:
+        if not self.tree:
+            return
+        if not 1 <= self.topk <= MAX_TREE_TOPK:
+            raise ValueError(f"tree top-k must be in 1..{MAX_TREE_TOPK}, not {self.topk}")
+        if not self.depth <= self.nodes <= self.candidates:
+            raise ValueError(f"a tree of depth {self.depth} and top-k {self.topk} verifies {self.depth + 1} to "
+                             f"{self.candidates + 1} tokens (root included), not {self.nodes + 1}")
+        if self.width > MAX_DRAFT_TOKENS:
+            raise ValueError(f"a tree verifies at most {MAX_DRAFT_TOKENS} tokens per step, not {self.width}")
+        if (self.depth - 1) * self.topk > TREE_SCRATCH:
+            raise ValueError(f"depth {self.depth} x top-k {self.topk} needs more than {TREE_SCRATCH} drafter slots")
+
+
+@dataclass
+class DraftTree:
+    """One step's tree as the event carries it (host lists): nodes 1..N, node 0 being the root."""
+
+    tokens: list[int]  # [N] target ids of the draft nodes
+    parents: list[int]  # [N] parent node of each (0: the root)
+    draft_probs: list[float] | None  # [N] q: the drafter's probability of the node's token at its parent
+    target_probs: list[float]  # [N] p: the target's probability of it there
+    path: list[int]  # accepted nodes by depth (node ids 1..N)
+
+    @property
+    def depths(self) -> list[int]:
+        depth = [0]
+        for parent in self.parents:
+            depth.append(depth[parent] + 1)
+        return depth[1:]
+
+
+@dataclass
+class TreeDraft:
+    """The drafted tree on the device: verify_tokens [N+1] (root first), parents, depths [N+1],
+    draft_logq [N+1] (log q of each node's token at its parent; 0 at the root), q_row [N+1] (row of
+    the step's q table each node was drawn from) and q [R, Vd] (sampled drafts only)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    draft_logq: torch.Tensor
+    q_row: torch.Tensor
+    q: torch.Tensor | None
+
+
+def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits: torch.Tensor,
+               root_hidden: torch.Tensor, draft_position: torch.Tensor, scratch_base: int,
+               uniforms: torch.Tensor | None = None, temperature: torch.Tensor | None = None) -> TreeDraft:
+    """Expand and prune one step's tree. No blocking CPU operation (captured as it stands).
+
+    root_token: [1] int64; root_logits: [Vd] the drafter's logits at the root; root_hidden: [Hd]
+    its hidden output there; draft_position: [] int64, the drafter position of the depth-1 rows
+    (committed drafter rows are the slots before it); scratch_base: the first scratch slot;
+    uniforms: [D, K*K] in [0, 1) and temperature: [1], for sampled drafts (row 0 uses its first K
+    uniforms; q is the drafter's softmax at the target's temperature)."""
+    D, K = shape.depth, shape.topk
+    dev = root_logits.device
+    cand_ids, cand_score, cand_logq, cand_parent, cand_qrow, cand_depth = [], [], [], [], [], []  # per depth
+    q_rows = []  # [Vd] drafter distributions of expanded nodes (sampled drafts)
+
+    def children(logits: torch.Tensor, u: torch.Tensor | None):
+        """logits [F, Vd] -> (ids [F, K] draft ids, log q [F, K]): top-k, or k i.i.d. draws from q."""
+        if not shape.sampled:
+            logq = F.log_softmax(logits.float(), dim=-1)  # [F, Vd]
+            top = logq.topk(K, dim=-1)
+            return top.indices, top.values
+        q = torch.softmax(logits.float() / temperature, dim=-1)  # [F, Vd]
+        q_rows.append(q)
+        cdf = q.cumsum(-1)  # [F, Vd]
+        ids = torch.searchsorted(cdf, u.view(q.shape[0], K) * cdf[:, -1:], right=True)  # [F, K]
+        ids = ids.clamp(max=q.shape[-1] - 1)
+        return ids, q.gather(1, ids).clamp(min=1e-30).log()
+
+    ids, logq = children(root_logits.view(1, -1), uniforms[0, :K] if shape.sampled else None)  # [1, K]
+    cand_ids.append(ids.view(K))
+    cand_logq.append(logq.view(K))
+    cand_score.append(logq.view(K))
+    cand_parent.append(torch.full((K,), -1, dtype=torch.int64, device=dev))
+    cand_qrow.append(torch.zeros(K, dtype=torch.int64, device=dev))
+    cand_depth.append(torch.ones(K, dtype=torch.int64, device=dev))
+    frontier = torch.arange(K, device=dev)  # [K] candidate index of each frontier node
+    f_score = logq.view(K)  # [K]
+    f_hidden = root_hidden.reshape(1, -1).expand(K, -1)  # [K, Hd] drafter input of each frontier row
+    capacity = drafter.cache.capacity
+    slot_ids = torch.arange(capacity, device=dev)  # [S]
+    f_seen = (slot_ids[None, :] == scratch_base + torch.arange(K, device=dev)[:, None])  # [K, S] own slot
+    for d in range(1, D):
+        start = K + (d - 1) * K * K  # candidate index of this expansion's first child
+        tokens = drafter.to_target(torch.cat(cand_ids)[frontier]).view(1, K)  # [1, K]
+        positions = (draft_position + d - 1).view(1, 1).expand(1, K)  # [1, K]
+        slots = (scratch_base + (d - 1) * K + torch.arange(K, device=dev)).view(1, K)  # [1, K]
+        mask = ((slot_ids < draft_position)[None, :] | f_seen).view(1, 1, K, capacity)  # [1, 1, K, S]
+        logits, hidden = drafter.forward(tokens, positions, f_hidden.reshape(1, K, -1), slots=slots, mask=mask)
+        ids, logq = children(logits[0], uniforms[d].view(K, K) if shape.sampled else None)  # [K, K] each
+        scores = (f_score[:, None] + logq).view(K * K)  # [K*K] cumulative log q
+        cand_ids.append(ids.view(K * K))
+        cand_logq.append(logq.view(K * K))
+        cand_score.append(scores)
+        cand_parent.append(frontier.repeat_interleave(K))
+        cand_qrow.append((1 + (d - 1) * K + torch.arange(K, device=dev)).repeat_interleave(K))
+        cand_depth.append(torch.full((K * K,), d + 1, dtype=torch.int64, device=dev))
+        if d < D - 1:  # the next frontier: the k best children
+            best = scores.topk(K).indices  # [K]
+            parent = best // K  # [K] which frontier row each came from
+            frontier = start + best
+            f_score = scores[best]
+            f_hidden = hidden[0, parent]  # [K, Hd]
+            own = slot_ids[None, :] == scratch_base + d * K + torch.arange(K, device=dev)[:, None]  # [K, S]
+            f_seen = f_seen[parent] | own
+    all_ids = torch.cat(cand_ids)  # [M]
+    scores = torch.cat(cand_score)
+    if shape.nodes < shape.candidates:  # keep the best N (stable: a parent ranks before its children)
+        keep = torch.sort(torch.argsort(scores, descending=True, stable=True)[: shape.nodes]).values  # [N]
+    else:
+        keep = torch.arange(shape.candidates, device=dev)
+    node_of = torch.zeros(shape.candidates + 1, dtype=torch.int64, device=dev)  # candidate + 1 -> node
+    node_of[keep + 1] = torch.arange(1, shape.nodes + 1, device=dev)
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    parents = torch.cat((zero, node_of[torch.cat(cand_parent)[keep] + 1]))  # [N+1]
+    depths = torch.cat((zero, torch.cat(cand_depth)[keep]))  # [N+1]
+    tokens = torch.cat((root_token.view(1), drafter.to_target(all_ids[keep])))  # [N+1]
+    logq = torch.cat((torch.zeros(1, device=dev), torch.cat(cand_logq)[keep]))  # [N+1]
+    q_row = torch.cat((zero, torch.cat(cand_qrow)[keep]))  # [N+1]
+    q = torch.cat(q_rows) if shape.sampled else None  # [R, Vd]
+    return TreeDraft(tokens, parents, depths, logq, q_row, q)
+
+
+def ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
+    """parents: [N+1] (parents[0] = 0) -> [N+1, N+1] bool: [i, j] iff j is i or an ancestor of i."""
+    n = parents.shape[0]
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    for _ in range(depth):
+        anc = anc | anc[parents]
+    return anc
+
+
+def tree_attention_mask(parents: torch.Tensor, depth: int, root_slot: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """The target's mask for a tree written at slots root_slot .. root_slot + N: each node sees the
+    slots before the root and its own ancestors-or-self. parents: [N+1]; root_slot: [] int64 ->
+    [1, 1, N+1, S] bool."""
+    anc = ancestors(parents, depth)  # [N+1, N+1]
+    n = parents.shape[0]
+    rel = torch.arange(num_slots, device=parents.device) - root_slot  # [S]
+    in_tree = (rel >= 0) & (rel < n)
+    seen = anc[:, rel.clamp(0, n - 1)] & in_tree[None, :]  # [N+1, S]
+    return (seen | (rel < 0)[None, :]).view(1, 1, n, num_slots)
+
+
+def compact_path(cache, root_slot: torch.Tensor, path: torch.Tensor) -> None:
+    """Move the accepted path's K/V (every layer) to the slots right after the root, in depth
+    order; entries past the accepted count copy junk into slots no query sees before they are
+    rewritten. cache: KVCache ([L, B, nkv, S, hd] each); root_slot: [] int64; path: [D] node ids."""
+    src = root_slot + path  # [D]
+    dst = root_slot + 1 + torch.arange(path.shape[0], device=path.device)  # [D]
+    for t in (cache.k, cache.v):
+        t.index_copy_(3, dst, t.index_select(3, src))  # gather first: src and dst may overlap
