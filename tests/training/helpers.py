@@ -90,8 +90,8 @@ def train_cli(target_dir, data_dir, out, method, *extra, device="cpu") -> dict:
     from training.train import main
 
     return main(["--method", method, "--target", str(target_dir), "--data", f"regen:{data_dir}", "--out", str(out),
-                 "--device", device, "--batch-tokens", "512", "--max-len", "128", "--draft-vocab", "64",
-                 "--ttt-steps", "3", "--log-every", "1", "--no-progress", *extra])
+                 "--device", device, "--batch-tokens", "512", "--max-len", "128", "--ttt-steps", "3",
+                 "--log-every", "1", "--no-progress", *extra])
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")  # GPU-only tests
