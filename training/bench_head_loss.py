@@ -2,7 +2,7 @@
 PyTorch reference and with the Triton kernel at a training step's shape: one TTT step's rows
 against the target's full vocabulary, bf16 autocast. CUDA only.
 
-    python training/bench_head_loss.py [--rows 10240] [--vocab 49152] [--hidden 576]
+    python -m training.bench_head_loss [--rows 10240] [--vocab 49152] [--hidden 576]
 """
 import argparse
 import os

@@ -5,7 +5,7 @@ It also checks that the engine's first drafts are the training forward's at ever
 engine that lost acceptance to its own bookkeeping would differ) and counts the first drafts lost
 to target tokens outside the draft vocabulary.
 
-    python training/drafter_gap.py --drafter assets/drafters/smollm2-135m-eagle3 \
+    python -m training.drafter_gap --drafter assets/drafters/smollm2-135m-eagle3 \
         --holdout artifacts/prompts/holdout --train artifacts/regen-c/regen0 --num 8 --device cpu
 """
 

@@ -8,8 +8,9 @@ Per row n (p = softmax(source row), lse = logsumexp(logits row), t = top[n], w =
 
 `torch` is the reference, in eager PyTorch: ~10 full passes over [c, V] in fp32. `triton` reads the
 logits and the source rows twice (statistics, then the gradient) and writes the gradient once, in
-the logits' dtype: at V = 49,152 the sixth run's profile put 60 % of a training step in the eager
-passes (docs/PERFORMANCE.md). tests/test_head_loss_kernel.py holds the two equal on random inputs.
+the logits' dtype: at V = 49,152 the eager passes are most of a training step (`training.train
+--profile`; docs/PERFORMANCE.md). tests/training/test_head_loss_kernel.py holds the two equal on
+random inputs.
 """
 import os
 

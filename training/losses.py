@@ -1,6 +1,7 @@
 """Training forwards and losses of the two drafters, built from the inference modules' own
 submodules (``drafter.fc``, ``drafter.midlayer.self_attn.q_proj``, ...) so that training and
-inference cannot drift: tests/test_train.py checks that these forwards equal ``drafter.forward``.
+inference cannot drift: tests/training/test_losses.py checks that these forwards equal
+``drafter.forward``.
 
 Alignment (as at inference): slot i pairs token x[i+1] with the target's feature at position i and
 predicts x[i+2]; the target's distribution for x[i+2] is its softmax at position i+1. A slot is
@@ -176,7 +177,7 @@ def head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, source: torch.Tens
     CE(onehot(top[n]), x[n] W^T)] (weighted by row_weight [N] if given), and each row's argmax
     (draft id). x [N, H]; weight [V, H] (a frozen target head or a trained one); source [B, S, V];
     rows_b, rows_s, top [N]. Returns (loss scalar fp32, picks [N] int64); equal to the plain autograd
-    formula (tests/test_train.py)."""
+    formula (tests/training/test_losses.py)."""
     chunk = max(1, chunk_elements // weight.shape[0])
     return _HeadCrossEntropy.apply(x, weight, source, rows_b, rows_s, top if top1_weight else None,
                                    float(top1_weight), chunk, row_weight)
@@ -367,8 +368,9 @@ def eagle3_chain_walk(drafter, tb: TargetBatch, steps: int) -> dict:
     """The engine's T = 0 chains of `steps` drafts over a text the target wrote greedily, without
     decoding: one training-time-test forward, the drafter's greedy pick at every slot and step, and
     the walk from each answer's first chain start (chain_starts). On the engine's own output this
-    is its run draft for draft (tests/test_train_eval.py), so on the target's greedy answers to the
-    hold-out prompts it measures the headline's acceptance at T = 0 in one batched pass.
+    is its run draft for draft (tests/training/test_walk_eval.py), so on the target's greedy
+    answers to the hold-out prompts it measures the headline's acceptance at T = 0 in one batched
+    pass.
 
     Returns {"accepted": [C] int64 drafts accepted by each chain (0..steps), "correct" and
     "positions": per step, the scored slots where the greedy draft is the target's argmax (teacher

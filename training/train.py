@@ -9,6 +9,10 @@ shards, loadable by ``load_drafter``, vLLM and SGLang), ``OUT/train_log.json`` (
 throughput, metrics) and a resumable ``OUT/checkpoint/train_state.pt`` (drafter, optimiser, step,
 data position, RNG), written every --save-every-min minutes and at the end.
 
+The defaults are the shipped heads' settings (docs/DRAFTERS.md, "Hyperparameters"): an EAGLE-3
+head drafts through the target's lm_head over the full vocabulary, and its loss adds 2 x top-1
+cross-entropy, decays 0.6 per TTT step and weighs the chains the engine would start 3 times.
+
 With --time-budget-min the learning-rate schedule runs on elapsed training time, so warm-up and
 cosine decay finish exactly when the budget does; with --max-steps it runs on steps (both: the
 earlier end wins).
@@ -36,17 +40,18 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.profiler import schedule as profiler_schedule
 
-from demo.drafter_common import DrafterConfig
-from demo.drafter_eagle import EagleDrafter
-from demo.drafter_eagle3 import Eagle3Drafter
-from training.head_loss_kernel import backend_for as head_loss_backend
-from training.data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_training_data, read_meta
+from training.data import DraftVocab, SequenceSet, build_draft_vocab, collate, length_batches, load_training_data
 from training.dist import Dist, init_from_env
+from training.head_loss_kernel import backend_for as head_loss_backend
+from training.init import Layout, check_shardable, own_state, saved_bytes, start_drafter, trainable, unshared_copy
 from training.losses import chain_acceptance, eagle3_loss, eagle_loss, run_target
 
 STATE_FILE = "checkpoint/train_state.pt"
 PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 5, 2, 5  # --profile: steps skipped, warmed up, recorded
 LOG_FILE = "train_log.json"
+ADAMW = dict(betas=(0.9, 0.95), weight_decay=0.0)
+GRAD_CLIP = 0.5  # the gradient's largest norm
+FEATURE_NOISE = 0.2  # EAGLE-1: uniform noise on the input features, relative to their RMS (EAGLE's augmentation)
 
 
 @dataclass
@@ -79,50 +84,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=float, default=None, help="stop after this many passes over the data")
     p.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per batch")
     p.add_argument("--max-len", type=int, default=1024, help="sequences are cut to this many tokens")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (the recipe continues a trained "
+                   "head at 2.5e-4)")
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--warmup-steps", type=int, default=100)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--ttt-steps", type=int, default=7, help="EAGLE-3 training-time-test depth")
-    p.add_argument("--ttt-decay", type=float, default=0.8, help="EAGLE-3: step j's loss weighs decay^j "
+    p.add_argument("--ttt-decay", type=float, default=0.6, help="EAGLE-3: step j's loss weighs decay^j "
                    "(lower puts the first draft first)")
-    p.add_argument("--top1-weight", type=float, default=0.0,
+    p.add_argument("--top1-weight", type=float, default=2.0,
                    help="EAGLE-3: add this times cross-entropy against the target's argmax to the soft loss "
-                        "(greedy drafts are accepted on the argmax)")
-    p.add_argument("--chain-start-weight", type=float, default=1.0,
+                        "(greedy drafts are accepted on the argmax; 0: the soft loss alone)")
+    p.add_argument("--chain-start-weight", type=float, default=3.0,
                    help="EAGLE-3: weigh the chains rooted where the engine would start one at T = 0 (the drafter's "
                         "own chains on the training text) this many times the others; 1: every slot alike")
     p.add_argument("--aux-layers", default=None,
                    help="EAGLE-3 feature layers, e.g. 2,15,29 (default: the target's (2, L//2, L-3), saved as 'the "
                         "default', which vLLM and SGLang agree on; id i is the residual stream entering layer i)")
-    p.add_argument("--draft-vocab", type=int, default=8192,
-                   help="EAGLE-3 draft vocabulary size (8192: the largest whose bf16 lm_head fits a 9.5 MB shard)")
-    p.add_argument("--share-lm-head", action="store_true",
-                   help="EAGLE-3: no lm_head of its own: draft over the target's full vocabulary through the "
-                        "target's frozen lm_head (nothing outside the draft vocabulary; no lm_head to ship). A run "
-                        "resumed, or started from an --init-drafter that shares, shares without it")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="a new EAGLE-3 head with an lm_head of its own over the N most frequent answer tokens (8192: "
+                        "the largest whose bf16 lm_head fits a 9.5 MB shard). Default: no lm_head of its own; it "
+                        "drafts over the target's full vocabulary through the target's frozen lm_head. A head from "
+                        "--init-drafter or --resume keeps its own layout")
     p.add_argument("--hot-tokens", type=int, default=16384,
-                   help="with --share-lm-head: also save this many most frequent answer tokens (hot_tokens.json), "
-                        "which the drafter alone drafts over on a CPU")
+                   help="EAGLE-3 through the target's lm_head: also save this many most frequent answer tokens "
+                        "(hot_tokens.json), which the drafter alone drafts over on a CPU")
     p.add_argument("--intermediate-size", type=int, default=None,
                    help="the drafter's MLP width (default: the --init-drafter's, else the target's); wider than "
                         "the --init-drafter's widens it without changing what it computes (new units start silent)")
-    p.add_argument("--feature-noise", type=float, default=0.2,
-                   help="EAGLE-1 uniform input-feature noise, relative to the feature RMS (0: off)")
-    p.add_argument("--no-init-from-target", dest="init_from_target", action="store_false",
-                   help="EAGLE-3: do not start lm_head and norm from the target's (random instead)")
     p.add_argument("--save-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--save-every-min", type=float, default=2.0)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/train_state.pt")
     p.add_argument("--init-drafter", default=None, metavar="DIR",
-                   help="start from a saved drafter's weights (and, for EAGLE-3, its draft vocabulary) with a "
-                        "fresh optimiser: continue a run whose training state was not kept")
-    p.add_argument("--rebuild-draft-vocab", action="store_true",
-                   help="with --init-drafter (EAGLE-3): a new draft vocabulary from this data; lm_head rows of "
-                        "tokens in both vocabularies are kept, new tokens' rows start from the target's")
+                   help="start from a saved drafter's weights and layout (for EAGLE-3 its feature layers and its "
+                        "lm_head, its own or the target's) with a fresh optimiser: continue a run whose training "
+                        "state was not kept")
     p.add_argument("--eval-data", default=None, metavar="SPEC",
                    help="EAGLE-3: regen:DIR of the target's greedy answers to the hold-out prompts; the run walks "
                         "its chains over them (training.walk_eval: the k = --ttt-steps, T = 0 acceptance) at the end "
@@ -135,19 +132,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("give --max-steps, --time-budget-min or --epochs (when to stop)")
     if args.init_drafter and args.resume:
         p.error("--init-drafter starts a new run from saved weights; --resume continues a run's own checkpoint")
-    if args.rebuild_draft_vocab and not (args.init_drafter and args.method == "eagle3"):
-        p.error("--rebuild-draft-vocab renews the vocabulary of an EAGLE-3 --init-drafter (a fresh run builds one anyway)")
-    if args.share_lm_head and args.method != "eagle3":
-        p.error("--share-lm-head is EAGLE-3's (EAGLE-1 always reads through the target's lm_head)")
-    if args.share_lm_head and args.rebuild_draft_vocab:
-        p.error("--share-lm-head drafts over the full vocabulary: there is no draft vocabulary to rebuild")
     if args.intermediate_size is not None and args.resume:
         p.error("--intermediate-size: a resumed run keeps its MLP width")
-    if args.chain_start_weight != 1.0 and args.method != "eagle3":
+    if args.chain_start_weight != p.get_default("chain_start_weight") and args.method != "eagle3":
         p.error("--chain-start-weight weighs EAGLE-3's unrolled chains (EAGLE-1 trains one step)")
     if args.chain_start_weight <= 0:
         p.error("--chain-start-weight must be positive")
-    if not 0 < args.ttt_decay <= 1 or (args.ttt_decay != 0.8 and args.method != "eagle3"):
+    if not 0 < args.ttt_decay <= 1 or (args.ttt_decay != p.get_default("ttt_decay") and args.method != "eagle3"):
         p.error("--ttt-decay: EAGLE-3's, in (0, 1]")
     if args.eval_data and args.method != "eagle3":
         p.error("--eval-data walks EAGLE-3's chains (EAGLE-1 trains no unrolled steps to walk)")
@@ -191,117 +182,6 @@ def check_holdout(data: SequenceSet, metas: list[dict]) -> str | None:
     return split.fingerprint()
 
 
-# ------------------------------------------------------------------------------------ drafter
-def build_drafter(method: str, target, vocab: DraftVocab | None, init_from_target: bool, share: bool = True,
-                  aux_layers: tuple[int, ...] | None = None, share_lm_head: bool = False,
-                  intermediate_size: int | None = None):
-    """A fresh drafter shaped like one target layer, in fp32 on the target's device; `share`: borrow
-    the target's embedding (and the lm_head of EAGLE-1, or of EAGLE-3 with `share_lm_head`, whose
-    vocabulary is then the full one) for training. A sharing drafter must never be cast: .to(dtype)
-    would cast the target's borrowed modules too. `intermediate_size`: the MLP width (None: the target's)."""
-    tc = target.config
-    width = {"intermediate_size": intermediate_size} if intermediate_size else {}
-    if method == "eagle":
-        cfg = DrafterConfig.for_target("eagle", tc, **width)
-        drafter = EagleDrafter(cfg)
-    else:
-        cfg = DrafterConfig.for_target("eagle3", tc, draft_vocab_size=len(vocab.ids), own_lm_head=not share_lm_head,
-                                       aux_layer_ids=aux_layers, **width)  # aux None: the target default
-        drafter = Eagle3Drafter(cfg)
-        if drafter.d2t is not None:
-            drafter.d2t.copy_(vocab.d2t)
-            drafter.t2d.copy_(vocab.t2d)
-        if init_from_target:  # start from the target's own output head over the draft vocabulary
-            with torch.no_grad():
-                if cfg.own_lm_head:
-                    ids = torch.from_numpy(vocab.ids.astype(np.int64)).to(target.lm_head.weight.device)
-                    drafter.lm_head.weight.copy_(target.lm_head.weight[ids].float().cpu())
-                drafter.norm.weight.copy_(target.norm.weight.float().cpu())
-    drafter.to(target.device).train()
-    if share:
-        drafter.share_target(target)
-    return drafter
-
-
-def draft_vocab_ids(drafter) -> np.ndarray:
-    """The target ids of an EAGLE-3 drafter's draft vocabulary, in draft order (id + d2t[id])."""
-    n = drafter.cfg.draft_vocab_size
-    d2t = drafter.d2t.cpu().numpy() if drafter.d2t is not None else np.zeros(n, np.int64)
-    return np.arange(n) + d2t
-
-
-def carry_over_vocab(saved: dict[str, torch.Tensor], old_ids: np.ndarray, drafter) -> int:
-    """Fit a saved EAGLE-3 state to `drafter`'s (new) draft vocabulary, in place: lm_head rows of
-    target tokens in both vocabularies move to their new draft ids, the others keep the drafter's
-    own rows (the target's, see build_drafter), and d2t/t2d become the drafter's. Returns the
-    number of rows kept."""
-    new_ids = draft_vocab_ids(drafter)
-    old_row = {int(t): i for i, t in enumerate(old_ids)}
-    pairs = [(j, old_row[int(t)]) for j, t in enumerate(new_ids) if int(t) in old_row]
-    head = drafter.lm_head.weight.detach().float().cpu().clone()  # [Vd_new, H]
-    if pairs:
-        new_rows, old_rows = (torch.tensor(x) for x in zip(*pairs))
-        head[new_rows] = saved["lm_head.weight"].cpu()[old_rows]
-    saved["lm_head.weight"] = head
-    for name in ("d2t", "t2d"):
-        if name in saved:
-            saved[name] = getattr(drafter, name).detach().clone()
-    return len(pairs)
-
-
-MLP_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")  # [I, H]: one row per MLP unit
-MLP_COLUMNS = ("mlp.down_proj.weight",)  # [H, I]: one column per MLP unit
-
-
-def mlp_width(state: dict[str, torch.Tensor]) -> int:
-    """The MLP width of a drafter state (its gate_proj rows)."""
-    return next(int(v.shape[0]) for k, v in state.items() if k.endswith(MLP_ROWS[0]))
-
-
-def widen_mlp(saved: dict[str, torch.Tensor], drafter) -> int:
-    """Fit a saved state to `drafter`'s wider MLP, in place, without changing what it computes: the
-    saved units keep their weights, new units take the drafter's fresh gate/up rows and a zero
-    down_proj column, so they add silu(g) u x 0 = 0 until training moves them. Returns the units added."""
-    fresh = own_state(drafter)
-    added = 0
-    for name, t in list(saved.items()):
-        if name.endswith(MLP_ROWS):
-            added = fresh[name].shape[0] - t.shape[0]
-            saved[name] = torch.cat((t, fresh[name][t.shape[0]:].to(t)), 0)
-        elif name.endswith(MLP_COLUMNS):
-            saved[name] = torch.cat((t, t.new_zeros(t.shape[0], fresh[name].shape[1] - t.shape[1])), 1)
-    return added
-
-
-def trainable(drafter) -> list[torch.nn.Parameter]:
-    """The drafter's own parameters (not the target modules it borrows)."""
-    return [p for n, p in drafter.named_parameters() if not n.startswith("_target")]
-
-
-def own_state(drafter) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in drafter.state_dict().items() if not k.startswith("_target")}
-
-
-MAX_SHARD_BYTES = 9_500_000  # demo.checkpoints.save_drafter's default: a Space takes files < 10 MB without LFS
-
-
-def saved_bytes(drafter, dtype: torch.dtype) -> int:
-    size = torch.tensor([], dtype=dtype).element_size()
-    return sum(t.numel() * (size if t.is_floating_point() else t.element_size()) for t in own_state(drafter).values())
-
-
-def check_shardable(drafter, dtype: torch.dtype, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
-    """Refuse before training a drafter whose largest tensor cannot fit one shard file (a tensor is
-    never split across files): EAGLE-3's lm_head [Vd, H] bounds the draft vocabulary."""
-    size = torch.tensor([], dtype=dtype).element_size()
-    for name, t in own_state(drafter).items():
-        need = t.numel() * (size if t.is_floating_point() else t.element_size()) + len(name) + 256
-        if need > max_shard_bytes:
-            most = (max_shard_bytes - len(name) - 256) // (size * t.shape[-1]) if t.dim() == 2 else 0
-            raise SystemExit(f"{name} {list(t.shape)} would take {need} bytes as {dtype}, over the {max_shard_bytes}-byte "
-                             f"shard limit" + (f": use --draft-vocab {most} or less" if name == "lm_head.weight" else ""))
-
-
 # ------------------------------------------------------------------------------------ state
 def save_state(path: Path, run: "Run") -> None:
     """Drafter, optimiser, data position and RNG: everything --resume needs to continue exactly."""
@@ -309,8 +189,8 @@ def save_state(path: Path, run: "Run") -> None:
     state = {"drafter": own_state(run.drafter), "optimizer": run.opt.state_dict(), "step": run.step,
              "epoch": run.epoch, "batch_in_epoch": run.batch_in_epoch, "elapsed": run.elapsed,
              "vocab_ids": None if run.vocab is None else run.vocab.ids, "method": run.args.method,
-             "aux_layers": None if run.args.aux_layers is None else list(run.args.aux_layers),
-             "share_lm_head": run.args.share_lm_head,
+             "aux_layers": None if run.layout.aux_layers is None else list(run.layout.aux_layers),
+             "share_lm_head": run.args.method == "eagle3" and not run.layout.own_lm_head,
              "torch_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     tmp = path.with_suffix(".tmp")
@@ -318,7 +198,10 @@ def save_state(path: Path, run: "Run") -> None:
     tmp.replace(path)
 
 
-def load_state(path: Path) -> dict:
+def read_checkpoint(path: Path) -> dict:
+    """What save_state wrote, for --resume."""
+    if not path.exists():
+        raise SystemExit(f"--resume: no {path}")
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
@@ -336,6 +219,7 @@ class Run:
     opt: torch.optim.Optimizer
     aux: tuple[int, ...]  # target feature layers read (EAGLE-3), () for EAGLE-1
     dist: Dist
+    layout: Layout
     hot: DraftVocab | None = None  # a shared head's most frequent answer tokens (hot_tokens.json)
     eval_data: SequenceSet | None = None  # --eval-data: greedy hold-out answers to walk
     evals: list = field(default_factory=list)  # their walks so far: {"step", "trained_s", "eval"}
@@ -346,8 +230,8 @@ class Run:
 
 
 def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
-    """Load the target and the data, build the draft vocabulary, the drafter and the optimiser,
-    and restore a checkpoint with --resume. Returns the run and what the log records of the data."""
+    """Load the target and the data, start the drafter (training/init.py) and its optimiser, and
+    restore the checkpoint with --resume. Returns the run and what the log records of the data."""
     from demo.loading import load_target
     from demo.target import Target
 
@@ -358,124 +242,66 @@ def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     times["load_target_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    data, metas = load_training_data(args.data, tok, args.max_len, args.progress)
-    if not len(data):
-        raise SystemExit(f"--data {args.data}: no sequence with at least 2 answer tokens")
-    fingerprint = check_holdout(data, metas)
-    answer = data.answer_tokens()
-    eval_data = None
-    if args.eval_data and dist.is_main:
-        from training.walk_eval import MAX_LEN
-
-        eval_data, eval_metas = load_training_data(args.eval_data, tok, MAX_LEN, False, holdout_ok=True)
-        recorded = {m.get("holdout_fingerprint") for m in eval_metas} - {None}
-        if fingerprint and recorded and recorded != {fingerprint}:
-            raise SystemExit(f"--eval-data answers the prompts of hold-out split {', '.join(sorted(recorded))}; "
-                             f"the training data's is {fingerprint}")
-        print(f"eval data: {len(eval_data)} sequences ({args.eval_data})")
+    data, log_data = load_data(args, tok)
+    eval_data = load_eval_data(args, tok, log_data["holdout_fingerprint"]) if args.eval_data and dist.is_main else None
     times["load_data_s"] = time.perf_counter() - t
-    print(f"data: {len(data)} sequences, {int(data.lengths.sum())} tokens, {len(answer)} answer tokens "
-          f"({args.data}); hold-out fingerprint {fingerprint}")
-
-    state = None
-    if args.resume:
-        path = Path(args.out) / STATE_FILE
-        if not path.exists():
-            raise SystemExit(f"--resume: no {path}")
-        state = load_state(path)
-        if state["method"] != args.method:
-            raise SystemExit(f"--resume: the checkpoint is a {state['method']} run, not {args.method}")
-        saved = state.get("aux_layers")  # the run's feature layers (None: the target default)
-        saved = None if saved is None else tuple(saved)
-        if args.aux_layers is not None and args.aux_layers != saved:
-            raise SystemExit(f"--resume: the run trained on aux layers {saved or 'the target default'}, "
-                             f"not {args.aux_layers}")
-        args.aux_layers = saved
-        if args.share_lm_head and not state.get("share_lm_head", False):
-            raise SystemExit("--resume: the run trains an lm_head of its own; --share-lm-head starts a new run "
-                             "(--init-drafter)")
-        args.share_lm_head = bool(state.get("share_lm_head", False))
-        args.intermediate_size = mlp_width(state["drafter"])
-
-    init = None
-    if args.init_drafter:
-        from demo.checkpoints import load_drafter
-
-        init = load_drafter(args.init_drafter, target, method=args.method, hot_tokens="off")
-        if args.method == "eagle3" and args.aux_layers is None:
-            args.aux_layers = init.cfg.aux_layer_ids
-        if args.intermediate_size is None:
-            args.intermediate_size = init.cfg.intermediate_size
-        elif args.intermediate_size < init.cfg.intermediate_size:
-            raise SystemExit(f"--intermediate-size {args.intermediate_size}: narrower than {args.init_drafter}'s "
-                             f"{init.cfg.intermediate_size} (a run widens an MLP, never cuts one)")
-        if args.method == "eagle3" and not init.cfg.own_lm_head:  # a head of its own would start untrained
-            if args.rebuild_draft_vocab:
-                raise SystemExit(f"--rebuild-draft-vocab: {args.init_drafter} drafts over the full vocabulary "
-                                 f"through the target's lm_head; there is no draft vocabulary to rebuild")
-            args.share_lm_head = True
 
     t = time.perf_counter()
-    V = target.config.vocab_size
-    vocab = None
-    if args.method == "eagle3":
-        init_ids = None
-        if state is not None and state["vocab_ids"] is not None:  # the vocabulary the run started with
-            init_ids = np.asarray(state["vocab_ids"])
-        elif init is not None and not args.rebuild_draft_vocab:  # the saved drafter's: id = draft id + d2t[draft id]
-            init_ids = draft_vocab_ids(init)
-        if args.share_lm_head:  # the target's lm_head: every target token is a draft token
-            init_ids = np.arange(V)
-        if init_ids is not None:
-            ids = init_ids
-            counts = np.bincount(answer.astype(np.int64), minlength=V)
-            vocab = DraftVocab(ids, float(counts[ids].sum() / max(counts.sum(), 1)), V)
-        else:
-            vocab = build_draft_vocab(answer, min(args.draft_vocab, V), V)
-        print(f"draft vocabulary: {len(vocab.ids)} of {V} target tokens, covering {100 * vocab.coverage:.2f}% "
-              f"of answer tokens" + (" (the target's lm_head)" if args.share_lm_head else ""))
-    times["draft_vocab_s"] = time.perf_counter() - t
-
-    if args.aux_layers is not None:
-        target.check_aux_layers(args.aux_layers)
-    drafter = build_drafter(args.method, target, vocab, args.init_from_target or args.rebuild_draft_vocab,
-                            aux_layers=args.aux_layers, share_lm_head=args.share_lm_head,
-                            intermediate_size=args.intermediate_size)
-    if init is not None:
-        saved = {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()}
-        if args.share_lm_head and init.cfg.own_lm_head:  # everything but the head and its vocabulary map
-            saved = {k: v for k, v in saved.items() if k not in ("lm_head.weight", "d2t", "t2d")}
-            print(f"lm_head dropped from {args.init_drafter}: drafting through the target's")
-        if args.intermediate_size > init.cfg.intermediate_size:
-            added = widen_mlp(saved, drafter)
-            print(f"MLP widened from {init.cfg.intermediate_size} to {args.intermediate_size} units ({added} new, "
-                  f"silent until trained)")
-        if args.rebuild_draft_vocab:
-            kept = carry_over_vocab(saved, draft_vocab_ids(init), drafter)
-            print(f"draft vocabulary rebuilt: {kept} of {len(vocab.ids)} lm_head rows kept from {args.init_drafter}")
-        drafter.load_state_dict(saved)  # strict: the same architecture, key for key
-        print(f"initialised from {args.init_drafter}")
+    state = read_checkpoint(Path(args.out) / STATE_FILE) if args.resume else None
+    answer = data.answer_tokens()
+    drafter, vocab, layout = start_drafter(args, target, answer, state)
+    times["start_drafter_s"] = time.perf_counter() - t
     params = trainable(drafter)
     save_dtype = getattr(torch, args.save_dtype)
     check_shardable(drafter, save_dtype)
     print(f"{args.method} drafter: {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters on "
           f"{target.device}, {saved_bytes(drafter, save_dtype) / 1e6:.1f} MB as {args.save_dtype}")
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay,
-                            **({"fused": True} if target.device.type == "cuda" else {}))
+    opt = torch.optim.AdamW(params, lr=args.lr, **ADAMW, **({"fused": True} if target.device.type == "cuda" else {}))
     aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers()) if args.method == "eagle3" else ()
-    hot = build_draft_vocab(answer, min(args.hot_tokens, V), V) if args.share_lm_head else None
-    if hot is not None:
-        print(f"hot tokens (drafted over on a CPU): {len(hot.ids)}, covering {100 * hot.coverage:.2f}% of "
-              f"answer tokens")
-    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist, hot, eval_data)
+    hot = hot_tokens(args, layout, answer, target.config.vocab_size)
+    run = Run(args, target, data, vocab, drafter, params, opt, aux, dist, layout, hot, eval_data)
     dist.broadcast_parameters(params)
     if state is not None:
         restore(run, state)  # rank 0's generator state, on every rank
     if dist.active:  # each rank its own feature noise (exact resumption is a one-process promise)
         torch.manual_seed(args.seed + 1000 * dist.rank + run.step)
-    log_data = {"sources": metas, "sequences": len(data), "tokens": int(data.lengths.sum()),
-                "answer_tokens": len(answer), "holdout_fingerprint": fingerprint}
     return run, log_data
+
+
+def load_data(args, tok) -> tuple[SequenceSet, dict]:
+    """The training sequences, checked against the hold-out, and what the log records of them."""
+    data, metas = load_training_data(args.data, tok, args.max_len, args.progress)
+    if not len(data):
+        raise SystemExit(f"--data {args.data}: no sequence with at least 2 answer tokens")
+    fingerprint = check_holdout(data, metas)
+    answer_tokens = int(data.mask.sum())
+    print(f"data: {len(data)} sequences, {int(data.lengths.sum())} tokens, {answer_tokens} answer tokens "
+          f"({args.data}); hold-out fingerprint {fingerprint}")
+    return data, {"sources": metas, "sequences": len(data), "tokens": int(data.lengths.sum()),
+                  "answer_tokens": answer_tokens, "holdout_fingerprint": fingerprint}
+
+
+def load_eval_data(args, tok, fingerprint: str | None) -> SequenceSet:
+    """--eval-data: the target's greedy answers to the hold-out prompts of the training data's split."""
+    from training.walk_eval import MAX_LEN
+
+    eval_data, metas = load_training_data(args.eval_data, tok, MAX_LEN, False, holdout_ok=True)
+    recorded = {m.get("holdout_fingerprint") for m in metas} - {None}
+    if fingerprint and recorded and recorded != {fingerprint}:
+        raise SystemExit(f"--eval-data answers the prompts of hold-out split {', '.join(sorted(recorded))}; "
+                         f"the training data's is {fingerprint}")
+    print(f"eval data: {len(eval_data)} sequences ({args.eval_data})")
+    return eval_data
+
+
+def hot_tokens(args, layout: Layout, answer: np.ndarray, V: int) -> DraftVocab | None:
+    """An EAGLE-3 head reading through the target's lm_head saves its most frequent answer tokens
+    (hot_tokens.json), which it alone drafts over on a CPU. None for other heads."""
+    if args.method != "eagle3" or layout.own_lm_head:
+        return None
+    hot = build_draft_vocab(answer, min(args.hot_tokens, V), V)
+    print(f"hot tokens (drafted over on a CPU): {len(hot.ids)}, covering {100 * hot.coverage:.2f}% of answer tokens")
+    return hot
 
 
 def restore(run: Run, state: dict) -> None:
@@ -504,7 +330,7 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
     with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext(), \
             record_function("drafter_forward_and_loss"):
         if args.method == "eagle":
-            loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, args.feature_noise)
+            loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, FEATURE_NOISE)
         else:
             loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight, args.chain_start_weight,
                                         args.ttt_decay)
@@ -516,7 +342,7 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
     if not run.dist.average_gradients(run.params, has_loss):  # one rank steps only when all do
         return metrics, torch.zeros((), device=dev), int(mask.sum()), tokens.numel()
     with record_function("optimizer"):
-        grad_norm = torch.nn.utils.clip_grad_norm_(run.params, args.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.params, GRAD_CLIP)
         run.opt.step()
     return metrics, grad_norm, int(mask.sum()), tokens.numel()
 
@@ -676,11 +502,7 @@ def _main(args, dist: Dist) -> dict:
         save_state(out / STATE_FILE, run)
         from demo.checkpoints import save_drafter, write_hot_tokens
 
-        final = build_drafter(args.method, run.target, run.vocab, False, share=False, aux_layers=args.aux_layers,
-                              share_lm_head=args.share_lm_head, intermediate_size=args.intermediate_size)
-        final.load_state_dict(own_state(run.drafter))
-        final.to(getattr(torch, args.save_dtype)).eval()
-        save_drafter(final, out)
+        save_drafter(unshared_copy(run.drafter, getattr(torch, args.save_dtype)), out)
         if run.hot is not None:
             write_hot_tokens(out, run.hot.ids, run.hot.coverage, f"most frequent answer tokens of {args.data}")
     times["save_s"] = time.perf_counter() - t

@@ -7,7 +7,7 @@ hold-out prompts, regenerated once (`training.data regen --prompts artifacts/pro
 measure any EAGLE-3 head in one teacher-forced pass per batch (`eagle3_chain_walk`): the mean
 acceptance length and the acceptance at each token of `training.validate`'s k = 7, T = 0 row, on every
 hold-out prompt, in seconds on a GPU and minutes on a CPU. On the engine's own output the walk is
-its run, draft for draft (tests/test_train.py); on regenerated text the two can part where a
+its run, draft for draft (tests/training/test_walk_eval.py); on regenerated text the two can part where a
 batched forward rounds a near-tie the other way, so `training.validate` stays the measurement of
 record and this is the one to compare heads and follow training with (`training.train --eval-data`).
 

@@ -13,7 +13,7 @@ from demo.engine import Engine, GenerationConfig
 from training.data import SequenceSet, ShardWriter, load_shards
 from training.walk_eval import WalkResult, walk_eval
 from training.losses import eagle3_chain_walk, run_target
-from tests.training.test_train import _tiny_pair, _tiny_run_inputs, _train
+from tests.training.helpers import cuda, tiny_pair, tiny_run_inputs, train_cli
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle3-shared"])
@@ -24,14 +24,14 @@ def test_walk_accepts_what_the_engine_accepted_chain_for_chain(method):
     _walk_is_the_engines_run(method, "cpu", "eager")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@cuda
 def test_cuda_walk_accepts_what_the_graphed_engine_accepted():
     _walk_is_the_engines_run("eagle3-shared", "cuda", "cudagraph")
 
 
 def _walk_is_the_engines_run(method: str, device: str, mode: str):
     k = 3
-    target, drafter, prompts = _tiny_pair(method, 8, device)  # 8 tokens: chains of every length occur
+    target, drafter, prompts = tiny_pair(method, 8, device)  # 8 tokens: chains of every length occur
     engine = Engine(target, drafter, mode=mode, max_context=128)
     runs = [list(engine.generate(p, GenerationConfig(max_new_tokens=60, num_spec_tokens=k, stop_token_ids=())))
             for p in prompts]
@@ -82,7 +82,7 @@ def test_answers_to_the_holdout_prompts_measure_a_run_and_never_train_one(tmp_pa
     from training.data import main as data_main
     from training.walk_eval import main as eval_main
 
-    target_dir, data_dir = _tiny_run_inputs(tmp_path)
+    target_dir, data_dir = tiny_run_inputs(tmp_path)
     regen = ["regen", "--prompts", str(_holdout_prompts(tmp_path)), "--target", str(target_dir), "--out",
              str(tmp_path / "held-greedy"), "--device", "cpu", "--batch-size", "4", "--max-new-tokens", "12"]
     assert data_main(regen) == 0
@@ -97,8 +97,8 @@ def test_answers_to_the_holdout_prompts_measure_a_run_and_never_train_one(tmp_pa
     assert data_main(train_regen) == 0
     assert json.loads((tmp_path / "train-greedy" / "meta.json").read_text())["split"] == "train"
     with pytest.raises(SystemExit, match="hold-out"):
-        _train(target_dir, tmp_path / "held-greedy", tmp_path / "bad", "eagle3", "--max-steps", "1")
-    log = _train(target_dir, data_dir, tmp_path / "out", "eagle3", "--max-steps", "3",
+        train_cli(target_dir, tmp_path / "held-greedy", tmp_path / "bad", "eagle3", "--max-steps", "1")
+    log = train_cli(target_dir, data_dir, tmp_path / "out", "eagle3", "--max-steps", "3",
                  "--eval-data", f"regen:{tmp_path / 'held-greedy'}", "--eval-every-min", "1e-9",
                  "--save-dtype", "float32")
     evals = log["evals"]
