@@ -22,7 +22,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from demo.methods import COMPILE_SCOPES, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label, num_drafts
+from demo.methods import (COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label,
+                          num_drafts)
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "questions.jsonl"
 WARMUP_MAX_NEW_TOKENS = 16  # enough to capture and compile every step function; kept short for CPU runs
@@ -41,7 +42,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "CPU, 'on' always, 'off' never (the full vocabulary)")
     m.add_argument("--method", choices=METHODS, default="eagle3",
                    help="drafter family; 'none' decodes with the target alone")
-    m.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="draft tokens per step (k)")
+    m.add_argument("--num-spec-tokens", "-k", "--tree-depth", type=int, default=3,
+                   help="draft tokens per step (k), or a tree's depth")
+    m.add_argument("--tree-topk", type=int, default=None,
+                   help="draft a tree: children expanded per node per step (SGLang's --speculative-eagle-topk; "
+                        "1 runs a chain through the tree machinery); default: a chain")
+    m.add_argument("--num-draft-tokens", type=int, default=0,
+                   help="a tree's tokens verified per step, the root included (SGLang's "
+                        "--speculative-num-draft-tokens); 0: every drafted node")
+    m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default="pointmass",
+                   help="T > 0: 'pointmass' drafts the drafter's top choices, accepted with p (siblings in turn); "
+                        "'q' draws drafts from the drafter's q, accepted with min(1, p/q)")
     e = p.add_argument_group("engine")
     e.add_argument("--mode", choices=MODES, default="eager")
     e.add_argument("--compile", nargs="?", const="drafter", default=None, choices=COMPILE_SCOPES,
@@ -78,6 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--drafter has no use with --method none")
     if args.method != "none" and args.drafter is None and args.target != "default":
         p.error(f"--drafter is required for target {args.target!r}: the bundled drafters fit the default target only")
+    if args.method == "none" and (args.tree_topk or args.num_draft_tokens):
+        p.error("--tree-topk and --num-draft-tokens shape the drafts: --method none has none")
+    if args.num_draft_tokens and not args.tree_topk:
+        p.error("--num-draft-tokens sizes a tree: give --tree-topk too")
+    if args.method != "none":
+        try:
+            tree_shape(args).check()
+        except ValueError as e:
+            p.error(str(e))
     if args.compile and args.mode != "cudagraph":
         p.error("--compile compiles the captured step functions: use it with --mode cudagraph")
     if args.compile == "drafter" and args.method == "none":
@@ -159,13 +179,25 @@ def load_questions(args: argparse.Namespace) -> list[dict]:
     return rows[: args.num_prompts] if args.num_prompts else rows
 
 
+def tree_shape(args: argparse.Namespace):
+    """What each step drafts (demo.tree.DraftShape): a chain of k, or a tree of depth k."""
+    from demo.tree import DraftShape, TreeShape
+
+    tree = TreeShape(args.tree_topk, args.num_draft_tokens) if args.tree_topk else None
+    return DraftShape.of(num_drafts(args.method, args.num_spec_tokens), tree,
+                         sampled=args.draft_sampling == "q" and args.temperature > 0)
+
+
 def generation_config(args: argparse.Namespace, speculate: bool = True, max_new_tokens: int | None = None):
     """The engine's settings for this run; speculate=False: the same run with the target alone."""
     from demo.engine import GenerationConfig
+    from demo.tree import TreeShape
 
     return GenerationConfig(max_new_tokens=max_new_tokens or args.max_new_tokens,
                             num_spec_tokens=num_drafts(args.method, args.num_spec_tokens) if speculate else 0,
-                            temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                            tree=TreeShape(args.tree_topk, args.num_draft_tokens) if args.tree_topk else None,
+                            draft_sampling=args.draft_sampling, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)
 
 
 def decode(engine, prompt_ids: list[int], gen):
@@ -239,6 +271,7 @@ def run(args: argparse.Namespace) -> dict:
             messages.append({"role": "assistant", "content": answer})
     report = {"records": records,
               "totals": {"config": describe_config(args, engine), "num_prompts": len(records),
+                         "categories": category_rows(records),
                          "summary": totals.summary(), "counts": asdict(totals), "warmup_s": warmup_s,
                          "capture_s": engine.capture_s}}
     if args.check_lossless:
@@ -266,7 +299,8 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
     return {"target": args.target, "target_name": DEFAULT_TARGET_NAME if args.target == "default" else args.target,
             "drafter": drafter_spec(args), "method": args.method,
             "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
-            "k": num_drafts(args.method, args.num_spec_tokens), "mode": args.mode, "compile": args.compile or False,
+            "k": num_drafts(args.method, args.num_spec_tokens), "shape": asdict(tree_shape(args)),
+            "draft_sampling": args.draft_sampling, "mode": args.mode, "compile": args.compile or False,
             "device": str(dev), "dtype": dtype_label(engine.target.dtype),
             "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
             "seed": args.seed, "max_new_tokens": args.max_new_tokens,
@@ -274,6 +308,35 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
             "all_turns": args.all_turns, "warmup": args.warmup, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None}
+
+
+def shape_label(config: dict) -> str:
+    """"k=7", or "tree depth 6 x top-8, 64 tokens verified per step" (with "drafts sampled from q")."""
+    shape = config.get("shape") or {}
+    if not shape.get("tree"):
+        label = f"k={config['k']}"
+    else:
+        label = f"tree depth {shape['depth']} x top-{shape['topk']}, {shape['nodes'] + 1} tokens verified per step"
+    if shape.get("sampled"):
+        label += ", drafts sampled from q"
+    return label
+
+
+def category_rows(records: list[dict]) -> list[dict]:
+    """Per prompt category: prompts, mean acceptance length (1 + accepted / drafts) and tokens/s."""
+    rows = {}
+    for r in records:
+        s, row = r["stats"], rows.setdefault(r.get("category") or "-", dict(prompts=0, drafts=0, accepted=0,
+                                                                           tokens=0, seconds=0.0))
+        row["prompts"] += 1
+        row["drafts"] += s["num_drafts"]
+        row["accepted"] += s["num_accepted_tokens"]
+        row["tokens"] += s["num_generated"]
+        row["seconds"] += s["elapsed_s"]
+    return [{"category": name, "prompts": row["prompts"],
+             "mean_acceptance_length": 1 + row["accepted"] / row["drafts"] if row["drafts"] else 1.0,
+             "tokens_per_s": row["tokens"] / row["seconds"] if row["seconds"] else 0.0}
+            for name, row in sorted(rows.items())]
 
 
 def format_report(report: dict) -> str:
@@ -286,7 +349,7 @@ def format_report(report: dict) -> str:
     if c.get("draft_vocab"):
         drafter += f" (drafting over {c['draft_vocab']:,} tokens)"
     mode = mode_label(c["mode"], c["compile"])
-    lines = [f"target {c['target_name']}{drafter}, method {c['method']}, k={c['k']}, {mode}, "
+    lines = [f"target {c['target_name']}{drafter}, method {c['method']}, {shape_label(c)}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
              f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",
              f"warm-up: {c['warmup']} generation(s) in {t['warmup_s']:.2f} s "
@@ -303,6 +366,10 @@ def format_report(report: dict) -> str:
             base = t["target_only"]["tokens_per_s"]
             speedup = f", speedup {stats.tokens_per_s / base:.2f}x" if base > 0 else ""
             lines.append(f"target-only: {base:.1f} tokens/s{speedup}")
+    categories = category_rows(report["records"])
+    if len(categories) > 1:
+        lines.append("by category: " + ", ".join(f"{r['category']} {r['mean_acceptance_length']:.2f} "
+                                                 f"({r['prompts']})" for r in categories))
     lines.append(stats.format_table())
     if stats.steps_after_full or stats.steps_after_rejection:
         split = ["-" if r is None else f"{r:.2f}" for r in (stats.acceptance_at_0_after_full,

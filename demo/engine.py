@@ -281,6 +281,11 @@ class Engine:
                     (lambda: self._chain(b))
             for name, fn in fns.items():
                 b.graphs[name] = CapturedStep(self._maybe_compile(fn, name), pool)
+            # the greedy acceptance test replays too, over the verification graph's outputs (at
+            # T > 0 it draws from the request's generator, so it runs eagerly)
+            logits, features = b.graphs["verify"].output
+            accept = self._accept_tree if shape.tree else self._accept
+            b.graphs["accept"] = CapturedStep(lambda: accept(b, logits, features, SamplingParams(), None), pool)
             self.capture_s += time.perf_counter() - start
         return b
 
@@ -456,7 +461,10 @@ class Engine:
                     self._run(b, "chain", lambda: self._chain(b))
             timer.mark()
             logits, features = self._run(b, "verify", lambda: self._verify_forward(b))
-            accept(b, logits, features, params, generator)
+            if params.greedy:
+                self._run(b, "accept", lambda: accept(b, logits, features, params, generator))
+            else:
+                accept(b, logits, features, params, generator)
             timer.mark()
             packed = b.result.tolist()  # the one device-to-host sync of this step
             draft_ms, verify_ms = timer.read()

@@ -6,6 +6,7 @@ import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
+from demo.tree import DraftShape, TreeShape
 from tests.tiny import corrupted_oracle, tiny_drafter, tiny_hf
 
 pytestmark = pytest.mark.cuda
@@ -42,16 +43,51 @@ def test_cudagraph_output_is_token_identical_to_eager(method, k, dtype):
         assert outs["eager"] == ref  # and both are lossless
 
 
+TREES = [(4, TreeShape(1, 0)), (3, TreeShape(3, 10)), (5, TreeShape(4, 20))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "oracle"])
+@pytest.mark.parametrize("depth, tree", TREES, ids=[f"D{d}-K{t.topk}" for d, t in TREES])
+def test_cudagraph_tree_output_is_token_identical_to_eager(method, depth, tree, dtype):
+    hf = tiny_hf("llama").to("cuda", dtype)
+    target = Target(hf)
+    ref = _tokens(Engine(target, None, max_context=256), PROMPT, max_new_tokens=48, stop_token_ids=())
+    outs = {}
+    for mode in ("eager", "cudagraph"):
+        engine = Engine(target, _drafter(method, target, PROMPT + ref), mode=mode, max_context=256)
+        outs[mode] = _tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=depth, tree=tree, stop_token_ids=())
+        for rule in ("pointmass", "q"):
+            outs[f"{mode}-{rule}"] = _tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=depth, tree=tree,
+                                             temperature=0.9, top_p=0.95, seed=3, draft_sampling=rule,
+                                             stop_token_ids=())
+    for key in ("", "-pointmass", "-q"):
+        assert outs["cudagraph" + key] == outs["eager" + key], key
+    if dtype == torch.float32:
+        assert outs["eager"] == ref  # and both are lossless
+
+
+def test_every_tree_step_function_is_captured_before_generation():
+    target = Target(tiny_hf("llama").to("cuda"))
+    engine = Engine(target, tiny_drafter("eagle3", target), mode="cudagraph", max_context=128)
+    gen = GenerationConfig(max_new_tokens=20, num_spec_tokens=3, tree=TreeShape(4, 12), stop_token_ids=())
+    buffers = engine.prepare(gen.draft_shape(3))
+    assert set(buffers.graphs) == {"verify", "catch_up", "tree", "accept"}
+    steps = len(list(engine.generate(PROMPT, gen))) - 1
+    replays = {name: step.replays for name, step in buffers.graphs.items()}
+    assert replays == {"verify": steps, "tree": steps, "catch_up": steps - 1, "accept": steps}
+
+
 def test_every_step_function_is_captured_before_generation():
     # vLLM #17504: an EAGLE-3 head left out of capture silently lowered acceptance
     target = Target(tiny_hf("llama").to("cuda"))
     engine = Engine(target, tiny_drafter("eagle3", target), mode="cudagraph", max_context=128)
     buffers = engine.prepare(3)
-    assert set(buffers.graphs) == {"verify", "catch_up", "chain"}
+    assert set(buffers.graphs) == {"verify", "catch_up", "chain", "accept"}
     events = list(engine.generate(PROMPT, GenerationConfig(max_new_tokens=20, num_spec_tokens=3, stop_token_ids=())))
     steps = len(events) - 1
     replays = {name: step.replays for name, step in buffers.graphs.items()}
-    assert replays == {"verify": steps, "chain": steps, "catch_up": steps - 1}
+    assert replays == {"verify": steps, "chain": steps, "catch_up": steps - 1, "accept": steps}
 
 
 @pytest.mark.parametrize("scope", ["all", "drafter"])
