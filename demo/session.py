@@ -25,11 +25,12 @@ from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, Step
                        provenance)
 from demo.drafter_common import DrafterConfig
 from demo.engine import Engine, GenerationConfig, StepEvent
-from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFTER_CLASSES, METHOD_LABELS, METHODS, MODE_LABELS,
-                          MODES, dtype_label, num_drafts)
+from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DRAFTER_CLASSES, METHOD_LABELS, METHODS,
+                          MODE_LABELS, MODES, dtype_label, num_drafts)
 from demo.metrics import AcceptanceStats
 from demo.prompts import chat_ids
 from demo.target import Target
+from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape
 
 RANDOM_INIT = "random-init (untrained)"
 
@@ -41,6 +42,7 @@ LIMITS = {
     "max_new_tokens": (1, 2048),
     "seed": (0, 2**31 - 1),
 }
+TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOKENS)}  # 0 tokens: every node
 
 Progress = Callable[[float, str], None]  # (fraction done, what is happening)
 
@@ -70,6 +72,11 @@ class Request:
     @property
     def k(self) -> int:
         return num_drafts(self.method, self.gen.num_spec_tokens)
+
+    @property
+    def shape(self) -> DraftShape:
+        """What each step drafts: a chain of k, a tree of depth k, or nothing (target only)."""
+        return self.gen.draft_shape(self.k)
 
     def engine_config(self) -> GenerationConfig:
         """What the engine runs: k = 0 for the target alone."""
@@ -291,25 +298,38 @@ class Session:
         if request.mode == "cudagraph" and self.cudagraph_unavailable():
             raise RequestError(self.cudagraph_unavailable() + ": use eager mode.")
         for name, (lo, hi) in LIMITS.items():
-            value = getattr(request.gen, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-                raise RequestError(f"{name} must be a number, not {value!r}.")
-            if isinstance(lo, int) and value != int(value):
-                raise RequestError(f"{name} must be a whole number, not {value}.")
-            if not lo <= value <= hi:
-                raise RequestError(f"{name} = {value} is out of range: allowed {lo} to {hi}.")
+            _check_number(name, getattr(request.gen, name), lo, hi)
+        self._check_shape(request)
         history = (chat or ChatState()).messages()
         if history and history[-1]["role"] == "user":  # an unanswered turn is replaced
             history = history[:-1]
         ids = chat_ids(self.tokenizer, history + [{"role": "user", "content": request.prompt}])
         max_new = int(request.gen.max_new_tokens)
-        need = len(ids) + max_new + request.k + 1
+        need = len(ids) + max_new + request.shape.width
         if need > self.max_context:
             what = "conversation" if history else "prompt"
             raise RequestError(f"The {what} is {len(ids)} tokens; with max new tokens {max_new} "
                                f"it needs {need} of the {self.max_context}-token context. Shorten it, lower max new "
                                "tokens" + (", or clear the chat." if history else "."))
         return ids
+
+    @staticmethod
+    def _check_shape(request: Request) -> None:
+        """The draft tree and the draft sampling rule, when the request has them."""
+        gen = request.gen
+        if gen.draft_sampling not in DRAFT_SAMPLING:
+            raise RequestError(f"Unknown draft sampling {gen.draft_sampling!r}: choose one of "
+                               f"{', '.join(DRAFT_SAMPLING)}.")
+        if gen.tree is None or not request.k:
+            return
+        if not isinstance(gen.tree, TreeShape):
+            raise RequestError(f"tree must be a TreeShape, not {gen.tree!r}.")
+        for name, (lo, hi) in TREE_LIMITS.items():
+            _check_number(f"tree {name}", getattr(gen.tree, name), lo, hi)
+        try:
+            request.shape.check()
+        except ValueError as e:
+            raise RequestError(f"{str(e)[0].upper()}{str(e)[1:]}.") from None
 
     def add_user_turn(self, chat: ChatState, request: Request) -> ChatState:
         """The fast first half of a chat exchange: check the request, then append the user's turn
@@ -331,9 +351,9 @@ class Session:
         engine = self.engine(request.method, request.mode)
         gen, k = request.engine_config(), request.k
         if request.mode == "cudagraph":  # capture now, visibly, rather than silently inside the first step
-            yield Update(chat, f"capturing CUDA graphs for k = {k} (once per k and drafter)…")
-            for depth in {k, 0} if request.compare else {k}:
-                engine.prepare(depth)
+            yield Update(chat, f"capturing CUDA graphs for k = {k} (once per draft shape and drafter)…")
+            for shape in {request.shape, DraftShape(0)} if request.compare else {request.shape}:
+                engine.prepare(shape)
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k))
@@ -360,8 +380,11 @@ class Session:
     def _label(self, request: Request) -> str:
         method = METHOD_LABELS[request.method]
         if request.k:
-            method += f" (k = {request.k}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
-                                              else "") + ")"
+            shape = request.shape
+            drafts = (f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens" if shape.tree
+                      else f"k = {request.k}")
+            method += f" ({drafts}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
+                                        else "") + ")"
         return f"{self.name} · {method} · {MODE_LABELS[request.mode]}"
 
     @staticmethod
@@ -403,6 +426,16 @@ class Session:
         reason = {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done")
         return (f"done ({reason}): {s.num_generated} tokens in {s.num_steps + 1} target forwards, "
                 f"{s.tokens_per_s:.1f} tokens/s")
+
+
+def _check_number(name: str, value, lo, hi) -> None:
+    """A setting must be a number (a whole one where the limits are) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise RequestError(f"{name} must be a number, not {value!r}.")
+    if isinstance(lo, int) and value != int(value):
+        raise RequestError(f"{name} must be a whole number, not {value}.")
+    if not lo <= value <= hi:
+        raise RequestError(f"{name} = {value} is out of range: allowed {lo} to {hi}.")
 
 
 def panel_stats(session: Session, trace: RunTrace | None) -> dict:

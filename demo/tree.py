@@ -49,6 +49,18 @@ class TreeShape:
     num_draft_tokens: int = 0
 
 
+# The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
+# (depth k, tree), the app's default (docs/RESULTS.md, "Draft trees"): on an H200 in graph mode a
+# wide tree (the verification forward is launch-bound, so 97 tokens cost about what 8 do); on 2 CPU
+# cores, where verification costs grow with width, a narrow one.
+DEFAULT_DRAFTS = {"cuda": (8, TreeShape(8, 96)), "cpu": (4, TreeShape(2, 8))}
+
+
+def default_draft(device_type: str) -> tuple[int, "TreeShape"]:
+    """(k, tree) to offer first on a device ("cuda", "cpu", ...)."""
+    return DEFAULT_DRAFTS.get(device_type, DEFAULT_DRAFTS["cpu"])
+
+
 @dataclass(frozen=True)
 class DraftShape:
     """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N

@@ -20,6 +20,7 @@ from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_lengt
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
+from demo.tree import TreeShape
 from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelChoice, Request, RequestError, Session,
                           panel_stats, preset_choice, preset_names)
 
@@ -302,13 +303,17 @@ def register_api(session: Session) -> None:
 
     def generate(prompt: str, method: str = d.method, mode: str = d.mode, num_spec_tokens: int = g.num_spec_tokens,
                  temperature: float = g.temperature, top_p: float = g.top_p, max_new_tokens: int = g.max_new_tokens,
-                 seed: int = g.seed) -> Iterator[dict]:
+                 seed: int = g.seed, tree_topk: int = 0, num_draft_tokens: int = 0,
+                 draft_sampling: str = g.draft_sampling) -> Iterator[dict]:
         """Generate a reply to `prompt` (one turn), streaming one value per decoding step. Each value
         holds `html` (the highlighted rendering the UI shows), `text`, `stats` (the stats panel's
         numbers: mean_acceptance_length, acceptance_per_position, tokens_per_s, ...), `status` and
-        `done`."""
+        `done`. tree_topk > 0 drafts a tree of depth num_spec_tokens with that many children per
+        node, verifying num_draft_tokens per step (the root included; 0: every node); 0 drafts a chain."""
+        tree = TreeShape(tree_topk, num_draft_tokens) if tree_topk else None
         request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=num_spec_tokens,
-                             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+                             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                             tree=tree, draft_sampling=draft_sampling)
         try:
             for update in session.generate(request):
                 reply = update.chat.turns[-1]

@@ -7,7 +7,7 @@ import pytest
 from demo.views import build_demo
 from tests.tiny_chat import tiny_session
 
-CONTRACT = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed"]
+CONTRACT = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed", "tree_topk", "num_draft_tokens", "draft_sampling"]
 
 
 def free_port() -> int:
@@ -51,6 +51,13 @@ def test_generate_streams_steps_and_ends_with_html_and_stats(client):
     assert stats["draft_vocab"] == stats["vocab_size"] > 0  # EAGLE-1 drafts over the whole vocabulary
 
 
+def test_generate_drafts_a_tree_when_asked_and_stays_the_targets_text(client):
+    chain = client.predict(prompt="Say a", method="eagle3", num_spec_tokens=3, max_new_tokens=12, api_name="/generate")
+    tree = client.predict(prompt="Say a", method="eagle3", num_spec_tokens=3, max_new_tokens=12, tree_topk=2,
+                          num_draft_tokens=6, api_name="/generate")
+    assert tree["text"] == chain["text"] and tree["done"]
+
+
 def test_generate_refuses_bad_input_with_the_message(client):
     from gradio_client.exceptions import AppError
 
@@ -58,3 +65,5 @@ def test_generate_refuses_bad_input_with_the_message(client):
         client.predict(prompt="  ", api_name="/generate")
     with pytest.raises(AppError, match="num_spec_tokens"):
         client.predict(prompt="hi", num_spec_tokens=11, api_name="/generate")
+    with pytest.raises(AppError, match="verifies"):
+        client.predict(prompt="hi", num_spec_tokens=2, tree_topk=2, num_draft_tokens=40, api_name="/generate")
