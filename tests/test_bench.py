@@ -68,13 +68,12 @@ def _drafter_dir(path: Path, method: str, target_dir: Path, copy_head: bool = Fa
 
     from demo.checkpoints import save_drafter
     from demo.drafter_common import DrafterConfig
-    from demo.drafter_eagle import EagleDrafter
-    from demo.drafter_eagle3 import Eagle3Drafter
+    from demo.methods import DRAFTER_CLASSES
     from demo.target import TargetConfig
 
     torch.manual_seed(1)
     cfg = DrafterConfig.for_target(method, TargetConfig.from_hf(AutoConfig.from_pretrained(target_dir)))
-    drafter = (EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg)
+    drafter = DRAFTER_CLASSES[method](cfg)
     if copy_head:
         _copy_head_drafter(drafter)
     save_drafter(drafter, path)

