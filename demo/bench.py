@@ -366,7 +366,7 @@ def format_report(report: dict) -> str:
             base = t["target_only"]["tokens_per_s"]
             speedup = f", speedup {stats.tokens_per_s / base:.2f}x" if base > 0 else ""
             lines.append(f"target-only: {base:.1f} tokens/s{speedup}")
-    categories = category_rows(report["records"])
+    categories = t.get("categories") or []
     if len(categories) > 1:
         lines.append("by category: " + ", ".join(f"{r['category']} {r['mean_acceptance_length']:.2f} "
                                                  f"({r['prompts']})" for r in categories))

@@ -191,6 +191,16 @@ def test_report_ends_with_acceptance_table_then_speed():
     ]
 
 
+def test_category_rows_count_acceptance_over_each_categorys_drafts():
+    def rec(category, drafts, accepted, tokens, seconds):
+        return {"category": category, "stats": {"num_drafts": drafts, "num_accepted_tokens": accepted,
+                                                "num_generated": tokens, "elapsed_s": seconds}}
+    rows = bench.category_rows([rec("math", 10, 20, 31, 1.0), rec("coding", 4, 4, 9, 0.5), rec("math", 30, 20, 51, 1.0)])
+    # math: 1 + (20 + 20) / (10 + 30) = 2.0 over both prompts, not the mean of 3.0 and 1.67
+    assert rows == [{"category": "coding", "prompts": 1, "mean_acceptance_length": 2.0, "tokens_per_s": 18.0},
+                    {"category": "math", "prompts": 2, "mean_acceptance_length": 2.0, "tokens_per_s": 41.0}]
+
+
 def test_divergence_report_names_the_first_differing_prompt_and_position():
     records = [{"question_id": 81, "turn": 1, "lossless": {"identical": True, "first_difference": None}},
                {"question_id": 82, "turn": 2, "lossless": {"identical": False, "first_difference": 17}},
