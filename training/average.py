@@ -2,7 +2,7 @@
 
 Two heads trained on from the same weights with different data or loss settings stay in one basin,
 and their mean often drafts better than either (the shipped EAGLE-3 head is the mean of two such
-heads: docs/DRAFTERS.md). The inputs must be the same architecture, saved alike: equal
+heads: docs/TRAINING.md). The inputs must be the same architecture, saved alike: equal
 config.json, the same tensor names, shapes and dtypes; integer tensors (a draft vocabulary's maps)
 must be equal. Floats are averaged in float32 and stored back in their own dtype.
 

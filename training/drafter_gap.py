@@ -82,7 +82,7 @@ def weighted(rows: list[tuple]) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", required=True)
-    p.add_argument("--holdout", required=True, help="exported hold-out prompts (train_data prompts OUT/holdout)")
+    p.add_argument("--holdout", required=True, help="exported hold-out prompts (python -m training.data prompts: OUT/holdout)")
     p.add_argument("--train", required=True, help="a training shard directory (regen output)")
     p.add_argument("--num", type=int, default=8)
     p.add_argument("-k", type=int, default=7)

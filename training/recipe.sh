@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped drafters' recipe, start to end on one GPU machine: regenerate the training answers
 # with the target, train two EAGLE-3 arms from the shipped head and average them, train EAGLE-1,
-# validate on the hold-out. docs/DRAFTERS.md explains every stage and what it measured.
+# validate on the hold-out. docs/TRAINING.md explains every stage and what it costs.
 #
 #   python -m training.data prompts --all-turns --out artifacts/prompts-turns   # where ShareGPT is (CPU);
 #   python -m training.data prompts --out artifacts/prompts                     # carry both to the GPUs

@@ -9,7 +9,7 @@ shards, loadable by ``load_drafter``, vLLM and SGLang), ``OUT/train_log.json`` (
 throughput, metrics) and a resumable ``OUT/checkpoint/train_state.pt`` (drafter, optimiser, step,
 data position, RNG), written every --save-every-min minutes and at the end.
 
-The defaults are the shipped heads' settings (docs/DRAFTERS.md, "Hyperparameters"): an EAGLE-3
+The defaults are the shipped heads' settings (docs/TRAINING.md, "Hyperparameters"): an EAGLE-3
 head drafts through the target's lm_head over the full vocabulary, and its loss adds 2 x top-1
 cross-entropy, decays 0.6 per TTT step and weighs the chains the engine would start 3 times.
 
