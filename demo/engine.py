@@ -91,7 +91,7 @@ class StepBuffers:
     draft_hidden: torch.Tensor  # [1, 1, Hd] its hidden output there
     draft_position: torch.Tensor  # [1, 1] int64: the drafter position of the first draft's row
     result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
-    catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects
+    catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects (k > 0)
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
@@ -257,6 +257,9 @@ class Engine:
             draft_position=zeros(1, 1),
             result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
         )
+        if k:  # written by copy, never rebound: a replayed graph and an eager step must share it
+            width = t.config.hidden_size * (len(self.aux_layers) if self.drafter.feature == "aux" else 1)
+            b.catch_features = zeros(1, k + 1, width, dtype=t.dtype)
         if shape.tree:
             w, r = shape.width, 1 + (k - 1) * shape.topk
             b.tree = TreeBuffers(
@@ -363,7 +366,8 @@ class Engine:
         b.catch_tokens[0].copy_(tokens)
         b.catch_positions.copy_(b.verify_positions)
         b.catch_last.copy_(n.view(1))
-        b.catch_features = features
+        if k:
+            b.catch_features.copy_(features)
         # the next verification starts from the target's own token, one past the last emitted
         b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
         b.verify_positions.add_(n + 1)
@@ -392,7 +396,7 @@ class Engine:
         b.catch_tokens[0].copy_(out)
         b.catch_positions.copy_((root + torch.arange(D + 1, device=self.device)).view(1, -1))
         b.catch_last.copy_(n.view(1))
-        b.catch_features = features.index_select(1, rows)  # [1, D+1, F]
+        b.catch_features.copy_(features.index_select(1, rows))  # [1, D+1, F]
         tb.root_token.copy_(out.index_select(0, n.view(1)))
         tb.root_slot.add_(n + 1)
         nodes = tokens[1:]  # [N]

@@ -67,6 +67,26 @@ def test_cudagraph_tree_output_is_token_identical_to_eager(method, depth, tree, 
         assert outs["eager"] == ref  # and both are lossless
 
 
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
+def test_a_sampled_request_leaves_the_next_greedy_request_unchanged_in_graph_mode(tree):
+    # at T > 0 the acceptance test runs eagerly and at T = 0 from its graph: both must leave the
+    # next step's inputs in the same buffers, or a greedy run after a sampled one drafts from stale
+    # features (lossless still, but acceptance silently drops)
+    hf = tiny_hf("llama").to("cuda")
+    target = Target(hf)
+    gen = dict(max_new_tokens=40, num_spec_tokens=4, tree=tree, stop_token_ids=())
+
+    def greedy_counts(engine):
+        events = list(engine.generate(PROMPT, GenerationConfig(**gen)))
+        return [t for e in events for t in e.token_ids], [e.num_accepted for e in events]
+
+    drafter = tiny_drafter("eagle3", target)
+    fresh = greedy_counts(Engine(target, drafter, mode="cudagraph", max_context=256))
+    engine = Engine(target, drafter, mode="cudagraph", max_context=256)
+    list(engine.generate(PROMPT, GenerationConfig(**gen, temperature=0.8, seed=1)))
+    assert greedy_counts(engine) == fresh
+
+
 def test_every_tree_step_function_is_captured_before_generation():
     target = Target(tiny_hf("llama").to("cuda"))
     engine = Engine(target, tiny_drafter("eagle3", target), mode="cudagraph", max_context=128)

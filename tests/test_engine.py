@@ -5,6 +5,7 @@ import torch
 
 from demo.engine import Engine, GenerationConfig, compile_step
 from demo.target import Target
+from demo.tree import TreeShape
 from tests.tiny import OracleDrafter, corrupted_oracle, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
@@ -89,6 +90,22 @@ def test_drafter_swap_keeps_output_identical():
     engine.set_drafter(tiny_drafter("eagle3", target, draft_vocab_size=128))
     second, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
     assert first == second == hf_greedy(hf, PROMPT, 16)
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 9)], ids=["chain", "tree"])
+def test_step_tensors_live_in_persistent_buffers_across_requests(tree):
+    # a replayed graph reads and writes the tensors it was captured with: a step that rebound a
+    # buffer (b.x = new tensor instead of b.x.copy_) would leave a later replay reading stale data
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
+    gen = GenerationConfig(max_new_tokens=12, num_spec_tokens=4, tree=tree, stop_token_ids=())
+    b = engine.prepare(gen.draft_shape(4))
+    tensors = lambda: {k: v.data_ptr() for k, v in vars(b).items() if isinstance(v, torch.Tensor)}  # noqa: E731
+    before = tensors()
+    run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=4, tree=tree, temperature=0.9, stop_token_ids=())
+    run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=4, tree=tree, stop_token_ids=())
+    assert tensors() == before and "catch_features" in before
 
 
 def test_events_stream_one_step_at_a_time_with_timings():
