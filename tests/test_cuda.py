@@ -78,7 +78,7 @@ def test_a_sampled_request_leaves_the_next_greedy_request_unchanged_in_graph_mod
 
     def greedy_counts(engine):
         events = list(engine.generate(PROMPT, GenerationConfig(**gen)))
-        return [t for e in events for t in e.token_ids], [e.num_accepted for e in events]
+        return [t for e in events for t in e.token_ids], [e.draft_ids for e in events]  # drafts follow the features
 
     drafter = tiny_drafter("eagle3", target)
     fresh = greedy_counts(Engine(target, drafter, mode="cudagraph", max_context=256))
