@@ -6,20 +6,9 @@ import torch
 from demo.engine import Engine, GenerationConfig, compile_step
 from demo.target import Target
 from demo.tree import TreeShape
-from tests.tiny import OracleDrafter, corrupted_oracle, tiny_drafter, tiny_hf
+from tests.tiny import OracleDrafter, corrupted_oracle, hf_greedy, run, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
-
-
-def hf_greedy(hf, prompt, max_new, eos=None):
-    out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
-                      pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def run(engine, prompt, **gen):
-    events = list(engine.generate(prompt, GenerationConfig(**gen)))
-    return [t for e in events for t in e.token_ids], events
 
 
 def make_drafter(method, target, table):

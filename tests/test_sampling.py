@@ -1,15 +1,13 @@
 """Verification rules: greedy prefix matching, and rejection sampling that preserves the target's
 distribution exactly."""
 
-import itertools
-
 import pytest
 import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
-from tests.tiny import tiny_drafter, tiny_hf
+from tests.tiny import six_token_target, tiny_drafter, tiny_hf
 
 
 def test_greedy_accepts_the_longest_matching_prefix_then_the_targets_token():
@@ -86,15 +84,7 @@ def _resample_without_removing_the_draft(drafts, probs, generator):
 
 
 def test_sampled_speculative_decoding_matches_the_targets_joint_distribution(monkeypatch):
-    # a 6-token vocabulary, flat enough that drafts are often accepted and often rejected
-    hf = tiny_hf("llama", vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 initializer_range=0.1, bos_token_id=0, eos_token_id=5, pad_token_id=0)
-    target = Target(hf)
-    prompt = [0, 4, 3]
-    with torch.no_grad():  # the exact joint P(t1, t2) of the first two generated tokens
-        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
-        p2 = torch.softmax(hf(torch.tensor([prompt + [t] for t in range(6)])).logits[:, -1], -1)
-    joint = (p1[:, None] * p2).flatten()
+    hf, target, prompt, joint = six_token_target()  # joint: the exact P(t1, t2) of the first two tokens
     engine = Engine(target, tiny_drafter("eagle", target, seed=5), max_context=16)
     counts, accepted = _joint_of_first_two_tokens(engine, prompt, 3000)
     assert accepted > 300  # the second token went through accepted drafts as well as rejections

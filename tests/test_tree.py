@@ -8,21 +8,10 @@ import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
-from demo.tree import DraftShape, TreeShape, ancestors, draft_tree, tree_attention_mask
-from tests.tiny import corrupted_oracle, tiny_drafter, tiny_hf
+from demo.tree import DraftShape, TreeShape, ancestors, tree_attention_mask
+from tests.tiny import corrupted_oracle, hf_greedy, run, six_token_target, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
-
-
-def hf_greedy(hf, prompt, max_new, eos=None):
-    out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
-                      pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-def run(engine, prompt, **gen):
-    events = list(engine.generate(prompt, GenerationConfig(**gen)))
-    return [t for e in events for t in e.token_ids], events
 
 
 def drafter_for(method, target, table):
@@ -218,14 +207,7 @@ def _first_two_tokens(engine, prompt, runs, **gen):
                                  dict(num_spec_tokens=2, draft_sampling="q")],
                          ids=["pointmass-tree", "q-tree", "q-chain"])
 def test_sampled_trees_emit_the_targets_joint_distribution(gen, monkeypatch):
-    hf = tiny_hf("llama", vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 initializer_range=0.1, bos_token_id=0, eos_token_id=5, pad_token_id=0)
-    target = Target(hf)
-    prompt = [0, 4, 3]
-    with torch.no_grad():  # the exact joint P(t1, t2) of the first two generated tokens
-        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
-        p2 = torch.softmax(hf(torch.tensor([prompt + [t] for t in range(6)])).logits[:, -1], -1)
-    joint = (p1[:, None] * p2).flatten()
+    hf, target, prompt, joint = six_token_target()
     engine = Engine(target, tiny_drafter("eagle", target, seed=5), max_context=48)
     counts, accepted = _first_two_tokens(engine, prompt, 2000, **gen)
     assert accepted > 300  # the second token went through accepted drafts as well as rejections

@@ -204,16 +204,21 @@ def test_q_rule_emits_the_targets_joint_on_iid_trees_and_the_check_catches_a_wro
     assert _tv_of_first_two(n, _from_p_after_rejection(n, out, noise), gen) > DETECTED
 
 
+def _chains(gen: torch.Generator, draws: int = 30):
+    """Chains of 0..5 drafts, `draws` random target distributions p [k+1, 5] over each."""
+    for k in range(6):
+        _, parents, depths, D = _tree([0] + list(range(k)), [0] * (k + 1))
+        for draw in range(draws):
+            yield k, parents, depths, D, draw, torch.softmax(2 * torch.randn(k + 1, 5, generator=gen), -1)
+
+
 def test_pointmass_rule_on_a_chain_is_verify_sampled_draw_for_draw():
     gen = torch.Generator().manual_seed(0)
-    for k in range(6):
-        tokens, parents, depths, D = _tree([0] + list(range(k)), [0] * (k + 1))
-        for seed in range(30):
-            probs = torch.softmax(2 * torch.randn(k + 1, 5, generator=gen), -1)
-            tokens = torch.randint(5, (k + 1,), generator=gen)
-            n, path, out = verify_tree_pointmass(tokens, parents, depths, probs, D, torch.Generator().manual_seed(seed))
-            ref_n, ref = verify_sampled(tokens[1:], probs, torch.Generator().manual_seed(seed))
-            assert n == ref_n and out[:n + 1].tolist() == ref[:n + 1].tolist()
+    for k, parents, depths, D, seed, probs in _chains(gen):
+        tokens = torch.randint(5, (k + 1,), generator=gen)
+        n, path, out = verify_tree_pointmass(tokens, parents, depths, probs, D, torch.Generator().manual_seed(seed))
+        ref_n, ref = verify_sampled(tokens[1:], probs, torch.Generator().manual_seed(seed))
+        assert n == ref_n and out[:n + 1].tolist() == ref[:n + 1].tolist()
 
 
 def _speculative_sampling(drafts, p, q, u, noise):
@@ -229,18 +234,15 @@ def _speculative_sampling(drafts, p, q, u, noise):
 
 def test_q_rule_on_a_chain_is_standard_speculative_sampling_draw_for_draw():
     gen = torch.Generator().manual_seed(0)
-    for k in range(6):
-        _, parents, depths, D = _tree([0] + list(range(k)), [0] * (k + 1))
-        for _ in range(30):
-            p = torch.softmax(2 * torch.randn(k + 1, 5, generator=gen), -1)
-            q = torch.softmax(2 * torch.randn(max(k, 1), 5, generator=gen), -1)
-            drafts = torch.multinomial(q, 1, generator=gen).squeeze(1)[:k]
-            tokens = torch.cat((torch.zeros(1, dtype=torch.int64), drafts))
-            q_row = (torch.arange(k + 1) - 1).clamp(min=0)  # draft i was drawn from q[i-1]
-            u, noise = torch.rand(k, generator=gen), torch.empty(5).exponential_(generator=gen)
-            n, path, out = tree_q_rule(tokens, parents, depths, p, q, q_row, D, u, noise)
-            ref_n, ref = _speculative_sampling(drafts, p, q, u, noise)
-            assert n.item() == ref_n and out[:n + 1].tolist() == ref
+    for k, parents, depths, D, _, p in _chains(gen):
+        q = torch.softmax(2 * torch.randn(max(k, 1), 5, generator=gen), -1)
+        drafts = torch.multinomial(q, 1, generator=gen).squeeze(1)[:k]
+        tokens = torch.cat((torch.zeros(1, dtype=torch.int64), drafts))
+        q_row = (torch.arange(k + 1) - 1).clamp(min=0)  # draft i was drawn from q[i-1]
+        u, noise = torch.rand(k, generator=gen), torch.empty(5).exponential_(generator=gen)
+        n, path, out = tree_q_rule(tokens, parents, depths, p, q, q_row, D, u, noise)
+        ref_n, ref = _speculative_sampling(drafts, p, q, u, noise)
+        assert n.item() == ref_n and out[:n + 1].tolist() == ref
 
 
 def test_q_rule_max_children_bounds_only_the_loop():

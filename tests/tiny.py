@@ -123,3 +123,30 @@ def corrupted_oracle(table: list[int], target: Target, every: int = 5, skip: int
     `runner_up` the right token is its second choice there."""
     wrong = [t if i < skip or (i - skip) % every else (t + 1) % target.config.vocab_size for i, t in enumerate(table)]
     return OracleDrafter(wrong, target.config.vocab_size, target.config.hidden_size, table if runner_up else None)
+
+
+def hf_greedy(hf, prompt: list[int], max_new: int, eos: int | None = None) -> list[int]:
+    """transformers' own greedy decode of `prompt`: the reference every lossless test holds to."""
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, eos_token_id=eos,
+                      pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def run(engine, prompt: list[int], **gen):
+    """(every emitted token, the events) of one generation with GenerationConfig(**gen)."""
+    from demo.engine import GenerationConfig
+
+    events = list(engine.generate(prompt, GenerationConfig(**gen)))
+    return [t for e in events for t in e.token_ids], events
+
+
+def six_token_target():
+    """A 6-token target flat enough that drafts are often accepted and often rejected, a prompt,
+    and the exact joint P(t1, t2) of its first two generated tokens: (hf, target, prompt, joint [36])."""
+    hf = tiny_hf("llama", vocab_size=6, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 initializer_range=0.1, bos_token_id=0, eos_token_id=5, pad_token_id=0)
+    prompt = [0, 4, 3]
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+        p2 = torch.softmax(hf(torch.tensor([prompt + [t] for t in range(6)])).logits[:, -1], -1)
+    return hf, Target(hf), prompt, (p1[:, None] * p2).flatten()
