@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+MAX_NEW_TOKENS = 512  # the streaming test's budget: it stops the reply long before that
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1500,1900"]
@@ -143,8 +144,13 @@ def driver(request):
 
 
 def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, driver):
+    from selenium.webdriver.common.keys import Keys
+
     driver.get(app_url)
     prompt = "Hi <b>there</b> {{name}}! Write a long story about a robot who learns to paint."
+    budget = wait_for(lambda: css(driver, "#sl-max-new input[type=number]"), 60, "the max new tokens box")[0]
+    budget.clear()
+    budget.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)  # long enough that Stop lands mid-reply on a fast machine
     type_and_generate(driver, prompt)
 
     # the user's markup shows as text, nothing of it runs or renders
@@ -175,12 +181,10 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     count = len(css(driver, "#sl-conversation .sl-assistant .sl-tok"))
     time.sleep(4.0)
     assert len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) == count
-    assert count < 128 + 1  # it did not run to max new tokens
+    assert count < MAX_NEW_TOKENS + 1  # it did not run to max new tokens
     assert "(stopped)" in css(driver, "#sl-conversation")[0].text
 
     # the step slider shows an earlier step's tree
-    from selenium.webdriver.common.keys import Keys
-
     css(driver, "#sl-tree-step input[type=range]")[0].send_keys(Keys.HOME)
     wait_for(lambda: tree_step(driver) == 1, 30, "the tree of step 1")
     assert css(driver, "#sl-tree-step input[type=number]")[0].get_attribute("value") == "1"
