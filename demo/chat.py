@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from demo.metrics import AcceptanceStats
+from demo.tree import DraftTree
 
 
 @dataclass
@@ -120,13 +121,15 @@ class Turn:
 
 @dataclass
 class RunTrace:
-    """The latest speculative run: what the charts and the stats panel show."""
+    """The latest speculative run: what the charts, the tree view and the stats panel show."""
 
     method: str
     mode: str
     num_spec_tokens: int
     stats: AcceptanceStats
     points: list[StepPoint] = field(default_factory=list)
+    trees: list[DraftTree] = field(default_factory=list)  # each drafting step's tree; trees[i] is step i + 1's
+    roots: list[int] = field(default_factory=list)  # the token each tree hangs from: the last one emitted before it
     finish_reason: str | None = None
 
 

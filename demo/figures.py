@@ -5,15 +5,24 @@ No engine, session or Gradio state in here; the words and definitions are demo/m
 
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 
 from demo.chat import StepPoint
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import depth_color
+from demo.tree import DraftTree
 
 DRAFT_COLOR = "#48b5c4"
 VERIFY_COLOR = "#22559f"
 RUNNING_COLOR = "#d62728"
+PATH_EDGE_COLOR = "#3a3a3a"  # the accepted path's edges; its nodes take the text's depth colours
+REJECTED_COLOR = "#e3e3e3"  # nodes off the accepted path, and their edges (darker)
+REJECTED_EDGE_COLOR = "#c4c4c4"
+MAX_TREE_HEIGHT = 640  # px; a wider tree packs its rows closer
+ROW_PX = 28  # px per row that fits a label above each node
+LABEL_CHARS = 10  # a node's label shows at most this many characters of its token (hover shows all)
 MODEBAR_REMOVE = ["zoom", "pan", "select", "lasso", "zoomIn", "zoomOut", "autoScale", "resetScale"]
 
 CHART_DEFINITIONS = {
@@ -23,6 +32,10 @@ CHART_DEFINITIONS = {
     "latency": "Each step's time, stacked: draft = proposing the k draft tokens; verify = the target's "
     "verification forward and the acceptance test.",
     "throughput": DEFINITIONS["tokens_per_s"] + " Dots: tokens of one step / its draft + verify time.",
+    "tree": "One step's draft: the root is the last emitted token, each node a draft token hanging from the "
+    "token before it; the target verifies every node in one forward. Coloured: the accepted path, by depth as "
+    "in the text; grey: not accepted. Hover a node for its token, q (the drafter's probability) and p (the "
+    "target's).",
 }
 
 
@@ -102,3 +115,95 @@ def throughput_figure(points: list[StepPoint]) -> go.Figure:
     _layout(fig, "Tokens per second", "engine time (s)", "tokens/s")
     fig.update_yaxes(rangemode="tozero")
     return _empty_note(fig, t)
+
+
+def tree_rows(parents: list[int]) -> list[int]:
+    """Row of each node 0..N (0: the root) in a tree drawn left to right: leaves take successive rows
+    in depth-first order, children in node order (the drafter's order), and a parent shares its first
+    child's row, so the drafter's first choices run along one line. parents: [N], node i + 1's parent."""
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents, 1):
+        children[parent].append(node)
+    rows = [0] * (len(parents) + 1)
+    next_row = 0
+
+    def place(node: int) -> int:
+        nonlocal next_row
+        if not children[node]:
+            rows[node], next_row = next_row, next_row + 1
+        else:
+            rows[node] = min(place(child) for child in children[node])
+        return rows[node]
+
+    place(0)
+    return rows
+
+
+def shown(text: str) -> str:
+    """A token as a label: whitespace made visible, cut to LABEL_CHARS."""
+    text = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
+
+
+def tree_figure(tree: DraftTree | None, token_text: list[str], step: int, note: str = "no steps yet") -> go.Figure:
+    """One step's draft tree: nodes by depth (x) and row (y, tree_rows), edges parent -> child; the
+    accepted path in the text's depth colours, the rest grey; hover: token, depth, q and p.
+    token_text: [N + 1] the text of the root (the last emitted token), then of nodes 1..N."""
+    fig = go.Figure()
+    _layout(fig, f"Draft tree of step {step}" if tree else "Draft tree", "depth in the draft", "",
+            hovermode="closest")
+    fig.update_yaxes(visible=False)
+    if tree is None:
+        return _empty_note(fig, [], note)
+    depths = [0] + tree.depths
+    rows = tree_rows(tree.parents)
+    on_path = {0, *tree.path}
+    edges = {True: ([], []), False: ([], [])}  # on the path -> (xs, ys), None between segments
+    for node, parent in enumerate(tree.parents, 1):
+        xs, ys = edges[node in on_path]
+        xs += [depths[parent], depths[node], None]
+        ys += [rows[parent], rows[node], None]
+    for accepted, (xs, ys) in edges.items():
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", name="accepted path" if accepted else
+                                 "not accepted", line=dict(color=PATH_EDGE_COLOR if accepted else REJECTED_EDGE_COLOR,
+                                                           width=3 if accepted else 1.2)))
+    q = tree.draft_probs
+    hover, colors, text_colors = [], [], []
+    for node in range(len(depths)):
+        token = html.escape(token_text[node], quote=False)  # plotly reads <b>, <br>, &...; in hover and labels
+        if node == 0:
+            hover.append(f"root: the last emitted token<br>token: {token}")
+            colors.append("#ffffff")
+            text_colors.append("#1b1b1b")
+            continue
+        i = node - 1
+        if node in on_path:
+            what = f"accepted draft token {depths[node]}"
+        elif tree.parents[i] in on_path:
+            what = "rejected"
+        else:
+            what = "below a rejected token"
+        probs = (f"q = {q[i]:.3f}" if q is not None else "q: not recorded") + f" · p = {tree.target_probs[i]:.3f}"
+        hover.append(f"node {node}: {what}<br>token: {token}<br>depth {depths[node]} · {probs}")
+        colors.append(depth_color(depths[node]) if node in on_path else REJECTED_COLOR)
+        text_colors.append("#1b1b1b" if node in on_path else "#8a8a8a")
+    num_rows = max(rows) + 1
+    height = min(MAX_TREE_HEIGHT, max(260, 90 + ROW_PX * num_rows))
+    dense = (height - 90) / num_rows < ROW_PX  # then only the accepted path is labelled (hover shows every node)
+    labels = [html.escape(shown(t), quote=False) if not dense or n in on_path else ""
+              for n, t in enumerate(token_text)]
+    fig.add_trace(go.Scatter(
+        x=depths, y=rows, mode="markers+text", name="nodes", showlegend=False, text=labels,
+        textposition="top center", textfont=dict(size=11, color=text_colors, family="monospace"),
+        marker=dict(size=9 if dense else 13, color=colors,
+                    line=dict(color=[PATH_EDGE_COLOR if n in on_path else "#aaaaaa" for n in range(len(depths))],
+                              width=1.2)),
+        hovertext=hover, hoverinfo="text"))
+    fig.update_layout(height=height,
+                      title_text=f"Draft tree of step {step}: {len(tree.tokens)} drafts, {len(tree.path)} accepted")
+    fig.update_xaxes(tickmode="array", tickvals=list(range(max(depths) + 1)),
+                     ticktext=["root"] + [str(d) for d in range(1, max(depths) + 1)],
+                     range=[-0.5, max(depths) + 0.5], showgrid=False, zeroline=False)
+    row_px = (height - 90) / num_rows
+    fig.update_yaxes(range=[num_rows - 0.5, -0.5 - 16 / row_px])  # row 0 on top, with room for its label
+    return fig

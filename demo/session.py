@@ -30,7 +30,7 @@ from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DR
 from demo.metrics import AcceptanceStats
 from demo.prompts import chat_ids
 from demo.target import Target
-from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape
+from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape, default_draft
 
 RANDOM_INIT = "random-init (untrained)"
 
@@ -205,6 +205,11 @@ class Session:
     def describe(self) -> dict:
         return self.models.describe()
 
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text, decoded alone (a draft tree's labels; special tokens kept)."""
+        return self.tokenizer.batch_decode([[int(i)] for i in ids], skip_special_tokens=False,
+                                           clean_up_tokenization_spaces=False)
+
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, choice: ModelChoice, *, device: str = "auto", dtype: str = "auto", max_context: int = 2048,
@@ -270,13 +275,19 @@ class Session:
             return f"CUDA graphs need a CUDA GPU; this app runs on {self.device.type}"
         return None
 
-    def warmup(self, modes: tuple[str, ...] = ("eager",), num_spec_tokens: int = 3) -> float:
-        """One tiny generation per mode with the default method (kernels, allocations, and in
-        cudagraph mode the capture for k = num_spec_tokens). Returns the seconds it took."""
+    def default_draft(self) -> tuple[int, TreeShape]:
+        """(k, tree) the app offers first here: the fastest measured shape on this device."""
+        return default_draft(self.device.type)
+
+    def warmup(self, modes: tuple[str, ...] = ("eager",)) -> float:
+        """One tiny generation per mode with the default method and draft shape (kernels,
+        allocations, and in cudagraph mode that shape's capture, so the app's first request with
+        its default settings captures nothing). Returns the seconds it took."""
         start = time.perf_counter()
         ids = self.tokenizer("Hi")["input_ids"] or [0]
         method = self.methods()[-1]
-        gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, num_spec_tokens))
+        k, tree = self.default_draft()
+        gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, k), tree=tree)
         for mode in modes:
             for _ in self.engine(method, mode).generate(ids, gen):
                 pass
@@ -389,6 +400,9 @@ class Session:
 
     @staticmethod
     def _absorb(event: StepEvent, decoder: IncrementalDecoder, turn: Turn, trace: RunTrace) -> None:
+        if event.tree is not None:  # the step's tree hangs from the last token emitted before it
+            trace.trees.append(event.tree)
+            trace.roots.append(turn.pieces[-1].token_id)
         for token, prob, (depth, resampled) in zip(event.token_ids, event.token_probs,
                                                     provenance(event.token_ids, event.num_accepted, event.resampled)):
             text = decoder.push(token)

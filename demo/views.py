@@ -16,11 +16,11 @@ import gradio as gr
 
 from demo.chat import ChatState, RunTrace
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
-                          throughput_figure)
+                          throughput_figure, tree_figure)
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
-from demo.tree import TreeShape
+from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape
 from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelChoice, Request, RequestError, Session,
                           panel_stats, preset_choice, preset_names)
 
@@ -29,6 +29,10 @@ CSS_PATH = ASSETS / "style.css"
 TEXT_INTERVAL_S = 1 / 30  # the text refreshes every step, but at most 30 times a second (GPU steps take ms)
 FIGURE_INTERVAL_S = 0.25  # the charts refresh at most this often while streaming
 ENGINE = "engine"  # concurrency group of everything that touches the models: one at a time
+DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
+    ("pointmass: top choices, accepted with p", "pointmass"),
+    ("q: drawn from q, accepted with min(1, p/q)", "q"),
+]
 
 
 def read_asset(name: str) -> str:
@@ -61,6 +65,11 @@ class Controls:
     method: gr.Radio
     mode: gr.Radio
     num_spec_tokens: gr.Slider
+    draft_shape: gr.Radio
+    tree_options: gr.Column
+    tree_topk: gr.Slider
+    num_draft_tokens: gr.Slider
+    draft_sampling: gr.Radio
     temperature: gr.Slider
     top_p: gr.Slider
     max_new_tokens: gr.Slider
@@ -71,17 +80,21 @@ class Controls:
     acceptance_length: gr.Plot
     latency: gr.Plot
     throughput: gr.Plot
+    tree: gr.Plot
+    tree_step: gr.Slider
 
     @property
     def settings(self) -> set:
         """The components a request is read from (handlers get their values by component)."""
-        return {self.method, self.mode, self.compare, *self.generation.values()}
+        return {self.method, self.mode, self.compare, self.draft_shape, self.tree_topk, self.num_draft_tokens,
+                *self.generation.values()}
 
     @property
     def generation(self) -> dict:
         """GenerationConfig field -> the component that sets it."""
-        return {"num_spec_tokens": self.num_spec_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "max_new_tokens": self.max_new_tokens, "seed": self.seed}
+        return {"num_spec_tokens": self.num_spec_tokens, "draft_sampling": self.draft_sampling,
+                "temperature": self.temperature, "top_p": self.top_p, "max_new_tokens": self.max_new_tokens,
+                "seed": self.seed}
 
     @property
     def plots(self) -> list:
@@ -90,8 +103,10 @@ class Controls:
     def request(self, prompt: str, values: dict) -> Request:
         """The request the settings' current values describe (values: component -> value)."""
         as_int = lambda v: int(v) if isinstance(v, float) and v.is_integer() else v  # noqa: E731 (sliders send floats)
+        tree = (TreeShape(as_int(values[self.tree_topk]), as_int(values[self.num_draft_tokens]))
+                if values[self.draft_shape] == "tree" else None)
         return Request.of(prompt or "", method=values[self.method], mode=values[self.mode],
-                          compare=bool(values[self.compare]),
+                          compare=bool(values[self.compare]), tree=tree,
                           **{name: as_int(values[comp]) for name, comp in self.generation.items()})
 
 
@@ -111,6 +126,23 @@ def figures_of(trace: RunTrace | None, k: int = 3) -> list:
             throughput_figure(points)]
 
 
+def tree_view(session: Session, trace: RunTrace | None, step: int | None = None):
+    """The tree of `step` (1-based; None: the latest) of the run, with its tokens' texts."""
+    trees = trace.trees if trace else []
+    if not trees:
+        return tree_figure(None, [], 0, "target only: no drafts" if trace and trace.points else "no steps yet")
+    i = min(max(int(step or len(trees)), 1), len(trees)) - 1
+    tree = trees[i]
+    return tree_figure(tree, session.token_texts([trace.roots[i], *tree.tokens]), i + 1)
+
+
+def tree_step_update(trace: RunTrace | None):
+    """The step slider over the run's trees, on the latest (Gradio wants maximum > minimum, so it
+    spans 1..2, disabled, until there are two)."""
+    n = len(trace.trees) if trace else 0
+    return gr.update(maximum=max(n, 2), value=max(n, 1), interactive=n > 1)
+
+
 def method_choices(session: Session) -> list[tuple[str, str]]:
     return [(METHOD_LABELS[m] + (" (random-init)" if session.drafter_labels.get(m) == RANDOM_INIT else ""), m)
             for m in session.methods()]
@@ -121,8 +153,8 @@ def default_method(session: Session) -> str:
 
 
 # ---------------------------------------------------------------------- layout
-def build_chat_column() -> dict:
-    legend = gr.HTML(render_legend(3), elem_id="sl-legend")
+def build_chat_column(k: int) -> dict:
+    legend = gr.HTML(render_legend(k), elem_id="sl-legend")
     conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation")
     with gr.Row(elem_id="sl-input-row"):
         prompt = gr.Textbox(placeholder="Ask something, then press Generate (Shift+Enter for a new line)",
@@ -149,9 +181,21 @@ def build_settings(session: Session) -> dict:
                     interactive=unavailable is None, elem_id="sl-mode",
                     info=f"CUDA graph unavailable: {unavailable}." if unavailable else
                     "CUDA graph: each step replays graphs captured before the first request.")
+    k, tree = session.default_draft()
     lo, hi = LIMITS["num_spec_tokens"]
-    num_spec_tokens = gr.Slider(lo, hi, value=gen.num_spec_tokens, step=1, label="Speculative tokens k",
-                                elem_id="sl-k", info="draft tokens proposed per step")
+    num_spec_tokens = gr.Slider(lo, hi, value=k, step=1, label="k: chain length or tree depth", elem_id="sl-k",
+                                info="draft tokens per step in a chain; a tree's depth")
+    draft_shape = gr.Radio(["chain", "tree"], value="tree" if tree else "chain", label="Drafting shape",
+                           elem_id="sl-shape", info="chain: k drafts in a row; tree: top-k children per node, k deep")
+    tree = tree or TreeShape()
+    with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
+        tree_topk = gr.Slider(1, MAX_TREE_TOPK, value=tree.topk, step=1, label="Tree top-k", elem_id="sl-tree-topk",
+                              info="children expanded per node (1: a chain)")
+        num_draft_tokens = gr.Slider(0, MAX_DRAFT_TOKENS, value=tree.num_draft_tokens, step=1,
+                                     label="Tokens verified per step", elem_id="sl-draft-tokens",
+                                     info="the root included; 0 = every drafted node")
+    draft_sampling = gr.Radio(DRAFT_SAMPLING_CHOICES, value=gen.draft_sampling, label="Draft sampling at T > 0",
+                              elem_id="sl-draft-sampling", info="at T = 0 drafts are the drafter's top choices")
     temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
                             info="0 = greedy (identical to target-only)", elem_id="sl-temperature")
     top_p = gr.Slider(*LIMITS["top_p"], value=gen.top_p, step=0.01, label="Top-p", elem_id="sl-top-p")
@@ -168,9 +212,11 @@ def build_settings(session: Session) -> dict:
         eagle_spec = gr.Textbox(label="EAGLE drafter", elem_id="sl-eagle-spec")
         eagle3_spec = gr.Textbox(label="EAGLE-3 drafter", elem_id="sl-eagle3-spec")
         load = gr.Button("Load", elem_id="sl-load")
-    return dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, temperature=temperature,
-                top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, compare=compare, target_spec=target_spec,
-                eagle_spec=eagle_spec, eagle3_spec=eagle3_spec, load=load)
+    return dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
+                tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
+                draft_sampling=draft_sampling, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                seed=seed, compare=compare, target_spec=target_spec, eagle_spec=eagle_spec, eagle3_spec=eagle3_spec,
+                load=load)
 
 
 def build_chart(name: str, figure) -> gr.Plot:
@@ -178,6 +224,15 @@ def build_chart(name: str, figure) -> gr.Plot:
         plot = gr.Plot(figure, show_label=False, elem_id=f"sl-plot-{name}")
         gr.Markdown(CHART_DEFINITIONS[name], elem_classes=["sl-caption"])
     return plot
+
+
+def build_tree_panel() -> dict:
+    with gr.Column(elem_id="sl-tree-panel", elem_classes=["sl-chart"]):
+        tree = gr.Plot(tree_figure(None, [], 0), show_label=False, elem_id="sl-plot-tree")
+        tree_step = gr.Slider(1, 2, value=1, step=1, label="Step", interactive=False, elem_id="sl-tree-step",
+                              info="which decoding step's tree to show (the latest while generating)")
+        gr.Markdown(CHART_DEFINITIONS["tree"], elem_classes=["sl-caption"])
+    return dict(tree=tree, tree_step=tree_step)
 
 
 def build_layout(session: Session) -> Controls:
@@ -190,13 +245,15 @@ def build_layout(session: Session) -> Controls:
     empty = dict(zip(["acceptance", "acceptance_length", "latency", "throughput"], figures_of(None)))
     with gr.Row(elem_id="sl-top"):
         with gr.Column(scale=6, elem_id="sl-main"):
-            chat_parts = build_chat_column()
+            chat_parts = build_chat_column(session.default_draft()[0])
             stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
             gr.Examples([[p] for p in example_prompts()], inputs=[chat_parts["prompt"]], label="Example prompts",
                         examples_per_page=len(example_prompts()))
         with gr.Column(scale=5, elem_id="sl-charts"):
+            tree_parts = build_tree_panel()
             plots = {name: build_chart(name, figure) for name, figure in empty.items()}
-    return Controls(chat=gr.State(ChatState()), notices=notices, stats=stats, **chat_parts, **settings, **plots)
+    return Controls(chat=gr.State(ChatState()), notices=notices, stats=stats, **chat_parts, **settings, **plots,
+                    **tree_parts)
 
 
 # ---------------------------------------------------------------------- listeners
@@ -227,6 +284,8 @@ def register_listeners(c: Controls, session: Session) -> None:
                        c.stats: render_stats(panel_stats(session, update.chat.trace), DEFINITIONS)}
                 if update.done or now - last_figures >= FIGURE_INTERVAL_S:
                     out.update(zip(c.plots, figures_of(update.chat.trace)))
+                    out[c.tree] = tree_view(session, update.chat.trace)
+                    out[c.tree_step] = tree_step_update(update.chat.trace)
                     last_figures = now
                 if update.done and update.chat.comparison:
                     cmp = update.chat.comparison
@@ -247,7 +306,8 @@ def register_listeners(c: Controls, session: Session) -> None:
         chat = ChatState()
         return {c.chat: chat, c.conversation: render_chat(chat), c.status: "", c.comparison: "",
                 c.stats: render_stats(panel_stats(session, None), DEFINITIONS),
-                **dict(zip(c.plots, figures_of(None)))}
+                **dict(zip(c.plots, figures_of(None))), c.tree: tree_view(session, None),
+                c.tree_step: tree_step_update(None)}
 
     def loaded(message: str) -> dict:
         return {c.method: gr.update(choices=method_choices(session), value=default_method(session)),
@@ -275,13 +335,19 @@ def register_listeners(c: Controls, session: Session) -> None:
     def legend(k):
         return render_legend(int(k))
 
+    def show_tree(chat, step):
+        return tree_view(session, chat.trace, step)
+
+    def shape_options(shape):
+        return gr.Column(visible=shape == "tree")
+
     ui = dict(api_visibility="private")
     engine = dict(concurrency_id=ENGINE, **ui)
     # user() waits for the engine too, so a second Generate never edits a chat that is still streaming
     first = dict(fn=user, inputs={c.prompt, c.chat, *c.settings},
                  outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **engine)
     then = dict(fn=bot, inputs={c.chat, *c.settings}, outputs=[c.chat, c.conversation, c.status, c.stats,
-                                                                  c.comparison, *c.plots],
+                                                                  c.comparison, *c.plots, c.tree, c.tree_step],
                 show_progress="hidden", **engine)
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
     # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
@@ -289,11 +355,16 @@ def register_listeners(c: Controls, session: Session) -> None:
     c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status],
                                                   **engine)
     c.clear.click(None, cancels=runs, **ui).then(
-        clear, outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots], **engine)
+        clear, outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree, c.tree_step],
+        **engine)
     loads = [c.method, c.notices, c.status, c.stats]
     c.preset.input(load_preset, inputs=[c.preset], outputs=loads, **engine)
     c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec], outputs=loads, **engine)
     c.num_spec_tokens.change(legend, inputs=[c.num_spec_tokens], outputs=[c.legend], queue=False, **ui)
+    c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], queue=False, **ui)
+    # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)
+    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step], outputs=[c.tree], trigger_mode="always_last",
+                      show_progress="hidden", **ui)
 
 
 def register_api(session: Session) -> None:

@@ -4,12 +4,13 @@
 Needs the system packages `chromium` and `chromium-driver` (CI installs them; tests cannot download
 browsers here). Leaves a screenshot in artifacts/browser_e2e.png.
 
-    python -m tests.test_browser docs/screenshot.png   # a finished EAGLE-3 generation, for the README
+    python -m tests.test_browser docs/screenshot.png   # a finished EAGLE-3 tree generation, for the README
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+MAX_NEW_TOKENS = 512  # the streaming test's budget: it stops the reply long before that
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1500,1900"]
@@ -106,6 +108,13 @@ def css(driver, selector: str) -> list:
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+def tree_step(driver) -> int:
+    """The step whose tree the tree view shows (0: none yet), read from the figure's title."""
+    titles = css(driver, "#sl-plot-tree .js-plotly-plot .gtitle")
+    match = re.match(r"Draft tree of step (\d+):", titles[0].text if titles else "")
+    return int(match.group(1)) if match else 0
+
+
 def bundled_drafters_exist() -> bool:
     return all((ROOT / "assets" / "drafters" / f"smollm2-135m-{m}" / "config.json").exists() for m in ("eagle", "eagle3"))
 
@@ -135,8 +144,13 @@ def driver(request):
 
 
 def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, driver):
+    from selenium.webdriver.common.keys import Keys
+
     driver.get(app_url)
     prompt = "Hi <b>there</b> {{name}}! Write a long story about a robot who learns to paint."
+    budget = wait_for(lambda: css(driver, "#sl-max-new input[type=number]"), 60, "the max new tokens box")[0]
+    budget.clear()
+    budget.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)  # long enough that Stop lands mid-reply on a fast machine
     type_and_generate(driver, prompt)
 
     # the user's markup shows as text, nothing of it runs or renders
@@ -155,6 +169,11 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     assert css(driver, "#sl-plot-acceptance_length .js-plotly-plot g.trace.bars path")
     assert "mean acceptance length" in css(driver, "#sl-stats")[0].text
 
+    # the default settings draft a tree, and the tree view draws the latest step's tree as it streams
+    assert "tree: depth" in css(driver, "#sl-conversation .sl-assistant .sl-role")[0].text
+    wait_for(lambda: tree_step(driver) >= 2, 60, "the tree of step 2 or later")
+    assert len(css(driver, "#sl-plot-tree .js-plotly-plot g.trace.scatter path.point")) >= 3  # root and drafts
+
     # Stop ends the generation: the reply stops growing and says so
     css(driver, "#sl-stop")[0].click()
     wait_for(lambda: "stopped" in css(driver, "#sl-status")[0].text, 30, "the stopped status")
@@ -162,8 +181,13 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     count = len(css(driver, "#sl-conversation .sl-assistant .sl-tok"))
     time.sleep(4.0)
     assert len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) == count
-    assert count < 128 + 1  # it did not run to max new tokens
+    assert count < MAX_NEW_TOKENS + 1  # it did not run to max new tokens
     assert "(stopped)" in css(driver, "#sl-conversation")[0].text
+
+    # the step slider shows an earlier step's tree
+    css(driver, "#sl-tree-step input[type=range]")[0].send_keys(Keys.HOME)
+    wait_for(lambda: tree_step(driver) == 1, 30, "the tree of step 1")
+    assert css(driver, "#sl-tree-step input[type=number]")[0].get_attribute("value") == "1"
     driver.save_screenshot(str(ARTIFACTS / "browser_e2e.png"))
 
     css(driver, "#sl-clear")[0].click()  # Clear empties the conversation and the panels
@@ -180,6 +204,11 @@ def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
     css(driver, "#sl-generate")[0].click()  # empty prompt
     wait_for(lambda: "The prompt is empty" in driver.page_source, 30, "the empty-prompt message")
     assert not css(driver, "#sl-conversation .sl-turn")  # nothing was sent
+
+    assert css(driver, "#sl-tree-topk")[0].is_displayed()  # a tree's settings show while the shape is a tree
+    next(e for e in css(driver, "#sl-shape label") if e.text == "chain").click()
+    wait_for(lambda: not any(e.is_displayed() for e in css(driver, "#sl-tree-topk")), 30,
+             "the tree settings to hide")
 
     css(driver, "#sl-custom button")[0].click()  # open "Your own models"
     box = wait_for(lambda: [e for e in css(driver, "#sl-eagle-spec textarea, #sl-eagle-spec input") if e.is_displayed()],
@@ -199,12 +228,13 @@ def _has_cuda() -> bool:
 
 
 def take_readme_screenshot(out: Path) -> None:
-    """A finished EAGLE-3 generation (with the target-only comparison) with highlighting and charts."""
+    """A finished EAGLE-3 generation with the default draft tree (and the target-only comparison):
+    highlighting, the tree view and charts."""
     ARTIFACTS.mkdir(exist_ok=True)
     proc, url = start_app(ARTIFACTS / "screenshot_app.log")
     d = open_browser()
     try:
-        d.set_window_size(1600, 1700)
+        d.set_window_size(1600, 1200)
         d.get(url)
         wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
         css(d, "#sl-explainer button")[0].click()  # fold the explainer: room for the charts

@@ -5,10 +5,11 @@ import copy
 import pytest
 
 from demo.chat import StepPoint
-from demo.figures import (acceptance_figure, acceptance_length_figure, latency_figure,
-                          throughput_figure)
+from demo.figures import (REJECTED_COLOR, acceptance_figure, acceptance_length_figure, latency_figure,
+                          throughput_figure, tree_figure, tree_rows)
 from demo.metrics import AcceptanceStats
 from demo.render import depth_color
+from demo.tree import DraftTree
 
 
 def points() -> list[StepPoint]:
@@ -85,3 +86,83 @@ def test_figures_are_pure_functions():
                        (throughput_figure, p)):
         assert build(arg).to_json() == build(arg).to_json()
     assert (p, s) == before  # inputs untouched
+
+
+def small_tree() -> DraftTree:
+    # depth 3, top-2:   root ─ 1 " the" ─ 3 " cat" ─ 5 " sat"     accepted path: 1, 3, 5
+    #                       │          └─ 4 "<b>"
+    #                       └─ 2 " a" ─ 6 "\n"
+    return DraftTree(tokens=[11, 12, 13, 14, 15, 16], parents=[0, 0, 1, 1, 3, 2],
+                     draft_probs=[0.6, 0.3, 0.5, 0.25, 0.7, 0.4], target_probs=[0.8, 0.1, 0.45, 0.3, 0.65, 0.2],
+                     path=[1, 3, 5])
+
+
+TEXTS = ["Hello", " the", " a", " cat", "<b>", " sat", "\n"]  # root first, then nodes 1..6
+
+
+def nodes_of(fig):
+    return next(t for t in fig.data if t.name == "nodes")
+
+
+def edges_of(fig) -> dict[str, set]:
+    """Edge trace name -> {((x0, y0), (x1, y1))}: segments separated by None."""
+    out = {}
+    for t in fig.data:
+        if t.mode == "lines":
+            xs, ys = list(t.x), list(t.y)
+            out[t.name] = {((xs[i], ys[i]), (xs[i + 1], ys[i + 1])) for i in range(0, len(xs), 3)}
+    return out
+
+
+def test_tree_figure_draws_every_node_at_its_depth_and_row():
+    fig = tree_figure(small_tree(), TEXTS, 7)
+    nodes = nodes_of(fig)
+    assert len(nodes.x) == 7  # the root and six drafts
+    assert list(nodes.x) == [0, 1, 1, 2, 2, 3, 2]  # x: depth in the draft
+    assert list(nodes.y) == tree_rows(small_tree().parents) == [0, 0, 2, 0, 1, 0, 2]  # first child shares its row
+    assert fig.layout.title.text.startswith("Draft tree of step 7: 6 drafts, 3 accepted")
+
+
+def test_tree_figure_has_one_edge_per_node_from_its_parent():
+    fig = tree_figure(small_tree(), TEXTS, 1)
+    nodes = nodes_of(fig)
+    at = lambda n: (nodes.x[n], nodes.y[n])  # noqa: E731
+    edges = edges_of(fig)
+    assert edges["accepted path"] == {(at(0), at(1)), (at(1), at(3)), (at(3), at(5))}
+    assert edges["not accepted"] == {(at(0), at(2)), (at(1), at(4)), (at(2), at(6))}
+
+
+def test_the_accepted_path_takes_the_texts_depth_colours_and_the_rest_is_grey():
+    colors = list(nodes_of(tree_figure(small_tree(), TEXTS, 1)).marker.color)
+    assert [colors[n] for n in (1, 3, 5)] == [depth_color(1), depth_color(2), depth_color(3)]  # as in the chat text
+    assert [colors[n] for n in (2, 4, 6)] == [REJECTED_COLOR] * 3
+
+
+def test_tree_hover_shows_token_depth_q_and_p_with_markup_as_text():
+    hover = list(nodes_of(tree_figure(small_tree(), TEXTS, 1)).hovertext)
+    assert "accepted draft token 2" in hover[3] and "token:  cat" in hover[3]
+    assert "depth 2" in hover[3] and "q = 0.500" in hover[3] and "p = 0.450" in hover[3]
+    assert "rejected" in hover[4] and "&lt;b&gt;" in hover[4] and "<b>" not in hover[4]  # plotly reads <b> as bold
+    assert "below a rejected token" in hover[6]
+    assert hover[0].startswith("root") and "Hello" in hover[0]
+
+
+def test_a_chain_draws_as_one_straight_path():
+    chain = DraftTree(tokens=[5, 6, 7], parents=[0, 1, 2], draft_probs=None, target_probs=[0.9, 0.5, 0.1], path=[1])
+    fig = tree_figure(chain, ["x", "a", "b", "c"], 3)
+    nodes = nodes_of(fig)
+    assert list(nodes.x) == [0, 1, 2, 3] and list(nodes.y) == [0, 0, 0, 0]  # one row
+    assert sum(len(e) for e in edges_of(fig).values()) == 3
+    assert "q: not recorded" in nodes.hovertext[1]  # a plain chain keeps no q
+
+
+def test_no_tree_says_why():
+    fig = tree_figure(None, [], 0, "target only: no drafts")
+    assert [a.text for a in fig.layout.annotations] == ["target only: no drafts"]
+
+
+def test_tree_figure_is_a_pure_function():
+    tree = small_tree()
+    before = copy.deepcopy(tree)
+    assert tree_figure(tree, TEXTS, 2).to_json() == tree_figure(tree, TEXTS, 2).to_json()
+    assert tree == before

@@ -12,6 +12,7 @@ from demo.engine import Engine
 from demo.chat import ChatState
 from demo.render import render_chat
 from demo.session import RANDOM_INIT, ModelChoice, Request, RequestError
+from demo.tree import TreeShape
 from tests.tiny_chat import tiny_session
 
 
@@ -34,6 +35,20 @@ def test_request_streams_one_update_per_decoding_step(session):
     assert lengths == sorted(lengths) and lengths[-1] == 16  # the reply grows as events arrive
     assert [p.step for p in trace.points] == list(range(1, trace.stats.num_steps + 1))
     assert "sl-tok" in render_chat(updates[-1].chat)
+
+
+def test_a_tree_request_keeps_one_tree_per_step_in_the_trace(session):
+    request = Request.of("hello", method="eagle3", num_spec_tokens=3, tree=TreeShape(2, 6), max_new_tokens=16)
+    final = list(session.generate(request))[-1]
+    trace, pieces = final.chat.trace, final.chat.turns[-1].pieces
+    assert len(trace.trees) == len(trace.roots) == trace.stats.num_steps == len(trace.points)
+    for step, (tree, root) in enumerate(zip(trace.trees, trace.roots), 1):
+        assert len(tree.tokens) == len(tree.parents) == len(tree.target_probs) == 5  # 6 verified, root included
+        assert max(tree.depths) <= 3
+        assert root == [p.token_id for p in pieces if p.step < step][-1]  # the last token before the step
+        emitted = [p.token_id for p in pieces if p.step == step]
+        assert [tree.tokens[n - 1] for n in tree.path] == emitted[:len(tree.path)]  # the accepted path was emitted
+    assert copy.deepcopy(trace) == trace  # plain data, for gr.State
 
 
 def test_accepted_drafts_are_marked_by_their_depth(predictable):
