@@ -101,7 +101,7 @@ class StepPoint:
     """What the charts need from one decoding step (step 0, the prefill, is not a point)."""
 
     step: int
-    num_drafts: int  # k of this step (0: target-only)
+    num_drafts: int  # k of this step, a tree's depth (0: target-only): the most it can accept
     num_accepted: int
     num_emitted: int
     draft_ms: float

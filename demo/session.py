@@ -411,7 +411,8 @@ class Session:
         trace.stats = event.stats
         trace.finish_reason = event.finish_reason
         if event.step > 0:
-            trace.points.append(StepPoint(event.step, len(event.draft_ids), event.num_accepted, len(event.token_ids),
+            depth = event.stats.num_spec_tokens if event.draft_ids else 0  # the most a step can accept
+            trace.points.append(StepPoint(event.step, depth, event.num_accepted, len(event.token_ids),
                                           event.draft_ms, event.verify_ms, event.stats.elapsed_s,
                                           event.stats.tokens_per_s))
 

@@ -48,6 +48,7 @@ def test_a_tree_request_keeps_one_tree_per_step_in_the_trace(session):
         assert root == [p.token_id for p in pieces if p.step < step][-1]  # the last token before the step
         emitted = [p.token_id for p in pieces if p.step == step]
         assert [tree.tokens[n - 1] for n in tree.path] == emitted[:len(tree.path)]  # the accepted path was emitted
+    assert all(p.num_drafts == 3 for p in trace.points)  # a chart point's drafts: the depth, not the 5 nodes
     assert copy.deepcopy(trace) == trace  # plain data, for gr.State
 
 
