@@ -36,6 +36,7 @@ code is never run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -66,6 +67,67 @@ class DrafterLoadError(ValueError):
     """A drafter checkpoint was refused; the one-line message names the field and both values."""
 
 
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# The kinds of value a config.json field may hold: (how a message says it, the test).
+POSITIVE_INT = ("a positive integer", lambda v: _whole(v) and v > 0)
+POSITIVE_NUMBER = ("a finite positive number",
+                   lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+FLAG = ("true or false", lambda v: isinstance(v, bool))
+TEXT = ("a string", lambda v: isinstance(v, str))
+OBJECT = ("an object", lambda v: isinstance(v, dict))
+CLASS_NAMES = ("a list of class names", lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v))
+LAYER_IDS = ("a list of layer ids (integers >= 0)",
+             lambda v: isinstance(v, list) and all(_whole(i) and i >= 0 for i in v))
+ROPE_FIELDS = {"rope_theta": POSITIVE_NUMBER, "rope_type": TEXT, "type": TEXT, "factor": POSITIVE_NUMBER,
+               "low_freq_factor": POSITIVE_NUMBER, "high_freq_factor": POSITIVE_NUMBER,
+               "original_max_position_embeddings": POSITIVE_INT}
+# Every config.json field the loader reads, checked before any is used; a dotted name is a field of
+# an object, and absent or null means the default. A speculators config's transformer_layer_config
+# is checked against the same table.
+CONFIG_FIELDS = {
+    "architectures": CLASS_NAMES, "speculators_model_type": TEXT, "transformer_layer_config": OBJECT,
+    "hidden_size": POSITIVE_INT, "intermediate_size": POSITIVE_INT, "num_attention_heads": POSITIVE_INT,
+    "num_key_value_heads": POSITIVE_INT, "head_dim": POSITIVE_INT, "num_hidden_layers": POSITIVE_INT,
+    "vocab_size": POSITIVE_INT, "draft_vocab_size": POSITIVE_INT, "target_hidden_size": POSITIVE_INT,
+    "rms_norm_eps": POSITIVE_NUMBER, "rope_theta": POSITIVE_NUMBER, "rope_scaling": OBJECT, "rope_parameters": OBJECT,
+    **{f"{scope}.{name}": kind for scope in ("rope_scaling", "rope_parameters") for name, kind in ROPE_FIELDS.items()},
+    "hidden_act": TEXT, "attention_bias": FLAG, "bias": FLAG, "norm_before_fc": FLAG, "norm_before_residual": FLAG,
+    "eagle_aux_hidden_state_layer_ids": LAYER_IDS, "eagle_config": OBJECT,
+    "eagle_config.eagle_aux_hidden_state_layer_ids": LAYER_IDS, "eagle_config.use_aux_hidden_state": FLAG,
+    "speclens": OBJECT, "speclens.aux_layer_ids": LAYER_IDS, "speclens.own_embedding": FLAG,
+}
+
+
+def check_config_fields(config) -> None:
+    """Refuse a config.json that is not an object, or any field of CONFIG_FIELDS holding another
+    kind of value, in one line naming the field and the value."""
+    if not isinstance(config, dict):
+        raise DrafterLoadError(f"config.json: holds a JSON {_json_kind(config)}, not an object of fields")
+    scopes = [("", config)]
+    if isinstance(config.get("transformer_layer_config"), dict):
+        scopes.append(("transformer_layer_config.", config["transformer_layer_config"]))
+    for prefix, scope in scopes:
+        for name, (what, ok) in CONFIG_FIELDS.items():  # an object comes before its fields
+            value = scope
+            for part in name.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is not None and not ok(value):
+                raise DrafterLoadError(f"{prefix}{name}: config.json has {_shown(value)}, not {what}")
+
+
+def _json_kind(value) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 # ---------------------------------------------------------------------------------------- reading
 @dataclass
 class _Plan:
@@ -88,6 +150,7 @@ def read_drafter_config(config: dict, weights: Mapping[str, Sequence[int]], *,
 
 def _plan(config: dict, shapes: dict[str, tuple[int, ...]], method: str | None, target=None) -> _Plan:
     """Layout -> DrafterConfig -> checks against the target -> checkpoint names mapped to the module's."""
+    check_config_fields(config)
     arch = _architecture(config)
     speculators = arch in SPECULATORS_ARCHITECTURES or config.get("speculators_model_type") == "eagle3"
     found = _detect_method(arch, speculators, config, shapes)
@@ -111,8 +174,14 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
         if not isinstance(layer_cfg, dict):
             raise DrafterLoadError("transformer_layer_config: missing from a speculators config.json "
                                    "(an Eagle3Speculator checkpoint needs it)")
-    H = int(_required(layer_cfg, "hidden_size"))
-    heads = int(_required(layer_cfg, "num_attention_heads"))
+    H = _required(layer_cfg, "hidden_size")
+    heads = _required(layer_cfg, "num_attention_heads")
+    kv_heads = layer_cfg.get("num_key_value_heads") or heads
+    if not layer_cfg.get("head_dim") and H % heads:
+        raise DrafterLoadError(f"num_attention_heads: {heads} does not divide hidden_size {H}, and config.json "
+                               f"gives no head_dim")
+    if heads % kv_heads:
+        raise DrafterLoadError(f"num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
     theta, scaling = _rope(layer_cfg)
     _check_unsupported(config, layer_cfg, canon, method, speculators)
     speclens = config.get("speclens") or {}  # written by save_drafter
@@ -122,9 +191,8 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
     target_hidden = int(config.get("target_hidden_size") or H)
     cfg = dict(
         method=method, hidden_size=H, intermediate_size=int(_required(layer_cfg, "intermediate_size")),
-        num_heads=heads, num_kv_heads=int(layer_cfg.get("num_key_value_heads") or heads),
-        head_dim=int(layer_cfg.get("head_dim") or 0), vocab_size=int(vocab),
-        rms_norm_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),  # LlamaConfig's default, as other engines read it
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=layer_cfg.get("head_dim") or 0, vocab_size=int(vocab),
+        rms_norm_eps=float(layer_cfg.get("rms_norm_eps") or 1e-6),  # LlamaConfig's default, as other engines read it
         rope_theta=theta, rope_scaling=scaling,
         attention_bias=bool(layer_cfg.get("attention_bias")) or _has_bias(canon, method),
         own_embedding="embed_tokens.weight" in canon and (bool(speclens.get("own_embedding")) or target_hidden != H),
@@ -146,7 +214,9 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
         raise DrafterLoadError(f"lm_head.weight: missing; draft_vocab_size {draft_vocab} needs the head's own lm_head "
                                f"(only a full-vocabulary head, {vocab} tokens, drafts through the target's)")
     # vLLM reads a speculators config without norm_before_residual as true
-    norm_before_residual = config.get("norm_before_residual", speculators)
+    norm_before_residual = config.get("norm_before_residual")
+    if norm_before_residual is None:
+        norm_before_residual = speculators
     return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab), own_lm_head=own_head,
                          target_hidden_size=target_hidden, aux_layer_ids=None if aux is None else tuple(aux),
                          norm_before_residual=bool(norm_before_residual), warnings=warnings)
@@ -429,8 +499,10 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """A drafter directory's config.json and every tensor of its weight files (CPU, as stored)."""
+    """A drafter directory's config.json (its fields checked first) and every tensor of its weight
+    files (CPU, as stored)."""
     config = _read_json(d / "config.json")
+    check_config_fields(config)
     tensors: dict[str, torch.Tensor] = {}
     for f in _weight_files(d):
         part = _read_tensors(f)
@@ -504,7 +576,7 @@ def _read_hot_tokens(d: Path, cfg: DrafterConfig) -> torch.Tensor | None:
         return None
     body = _read_json(path)
     ids = body.get("ids") if isinstance(body, dict) else None
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < cfg.vocab_size for i in ids):
+    if not isinstance(ids, list) or not ids or not all(_whole(i) and 0 <= i < cfg.vocab_size for i in ids):
         raise DrafterLoadError(f"{HOT_TOKENS_FILE}: 'ids' must be a non-empty list of target ids in "
                                f"[0, {cfg.vocab_size}) (the file is corrupted)")
     return torch.tensor(ids, dtype=torch.int64)

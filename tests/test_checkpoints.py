@@ -425,6 +425,65 @@ def test_a_drafter_that_does_not_fit_is_refused_in_one_line_naming_the_field_and
     assert msg.startswith(start) and all(w in msg for w in words), msg
 
 
+def _config(edit):
+    """A published EAGLE-3 checkpoint whose config.json is edit(config) (in place, or returned)."""
+    def build(target):
+        config, tensors = _eagle3(target)
+        return edit(config) or config, tensors
+    return build
+
+
+def _set(**fields):
+    return _config(lambda c: c.update(fields))
+
+
+def _without_head_dim(**fields):
+    return _config(lambda c: c.pop("head_dim") and c.update(fields))
+
+
+# (what is wrong, checkpoint builder, the message's start, words it must name): every config.json
+# field the loader reads is type-checked before use; the tiny target has hidden 64, 4 heads, 2 KV heads
+BAD_CONFIGS = [
+    ("config is a list", _config(lambda c: [c]), "config.json:", ["list"]),
+    ("zero heads without head_dim", _without_head_dim(num_attention_heads=0), "num_attention_heads:", ["0"]),
+    ("heads do not divide hidden_size", _without_head_dim(num_attention_heads=3), "num_attention_heads:",
+     ["3", "64"]),
+    ("KV heads do not divide heads", _set(num_key_value_heads=3), "num_key_value_heads:", ["3", "4"]),
+    ("negative draft_vocab_size", _set(draft_vocab_size=-1), "draft_vocab_size:", ["-1"]),
+    ("rms_norm_eps a string", _set(rms_norm_eps="NaN"), "rms_norm_eps:", ["'NaN'"]),
+    ("rms_norm_eps not finite", _set(rms_norm_eps=float("inf")), "rms_norm_eps:", ["inf"]),
+    ("fractional hidden_size", _set(hidden_size=64.5), "hidden_size:", ["64.5"]),
+    ("boolean intermediate_size", _set(intermediate_size=True), "intermediate_size:", ["True"]),
+    ("vocab_size a string", _set(vocab_size="256"), "vocab_size:", ["'256'"]),
+    ("num_hidden_layers a string", _set(num_hidden_layers="1"), "num_hidden_layers:", ["'1'"]),
+    ("negative rope_theta", _set(rope_theta=-1), "rope_theta:", ["-1"]),
+    ("rope_scaling factor a string", _set(rope_scaling={"rope_type": "linear", "factor": "x"}),
+     "rope_scaling.factor:", ["'x'"]),
+    ("architectures a string", _set(architectures="LlamaForCausalLM"), "architectures:", ["'LlamaForCausalLM'"]),
+    ("attention_bias a string", _set(attention_bias="false"), "attention_bias:", ["'false'"]),
+    ("hidden_act a number", _set(hidden_act=5), "hidden_act:", ["5"]),
+    ("eagle_config a list", _set(eagle_config=[2, 4, 5]), "eagle_config:", ["[2, 4, 5]"]),
+    ("aux layer ids as strings", _set(eagle_config={"eagle_aux_hidden_state_layer_ids": ["2", 4, 5]}),
+     "eagle_config.eagle_aux_hidden_state_layer_ids:", ["'2'"]),
+    ("aux layer ids a number", _set(eagle_aux_hidden_state_layer_ids=5), "eagle_aux_hidden_state_layer_ids:", ["5"]),
+    ("target_hidden_size zero", _set(target_hidden_size=0), "target_hidden_size:", ["0"]),
+    ("norm_before_residual a string", _set(norm_before_residual="yes"), "norm_before_residual:", ["'yes'"]),
+    ("speclens a list", _set(speclens=[]), "speclens:", ["[]"]),
+    ("speculators layer config with a bad size",
+     _config(lambda c: {"architectures": ["Eagle3Speculator"], "draft_vocab_size": 64,
+                        "transformer_layer_config": {**c, "architectures": None, "hidden_size": "64"}}),
+     "transformer_layer_config.hidden_size:", ["'64'"]),
+]
+
+
+@pytest.mark.parametrize("build, start, words", [r[1:] for r in BAD_CONFIGS], ids=[r[0] for r in BAD_CONFIGS])
+def test_every_config_field_is_type_checked_in_one_line_naming_the_field_and_value(tmp_path, llama, build, start,
+                                                                                 words):
+    hf, target = llama
+    msg = refused(tmp_path, target, *build(target))
+    assert msg.startswith(start) and all(w in msg for w in words), msg
+
+
 @pytest.mark.parametrize("damage", ["truncated safetensors", "truncated bin", "bad json", "bad header"])
 def test_corrupted_files_are_refused_naming_the_file(tmp_path, llama, damage):
     hf, target = llama
