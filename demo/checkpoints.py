@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -491,11 +492,22 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         else:
             tensors = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors header errors, truncated zip archives, refused pickles
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            raise DrafterLoadError(_refused_pickle(path, e)) from None
         raise DrafterLoadError(f"{path.name}: cannot be read ({type(e).__name__}: {_first_line(e)}); the file is "
                                f"corrupted or truncated, download it again") from None
     if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
         raise DrafterLoadError(f"{path.name}: holds {type(tensors).__name__}, not a flat name -> tensor state dict")
     return tensors
+
+
+def _refused_pickle(path: Path, e: Exception) -> str:
+    """Why torch.load(weights_only=True) refused a pickle, and what to do instead."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    what = f"it calls {found.group(1)}" if found else "it holds objects other than tensors"
+    return (f"{path.name}: refused, because loading it could run code ({what}, which torch.load(weights_only=True) "
+            f"does not allow); use a safetensors checkpoint, or, if you trust its source, convert it with "
+            f"safetensors.torch.save_file(torch.load(path, weights_only=False), 'model.safetensors')")
 
 
 def read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -502,6 +502,26 @@ def test_corrupted_files_are_refused_naming_the_file(tmp_path, llama, damage):
         load_drafter(path, target)
 
 
+class _RunsCode:
+    """Pickles as a call of print: what torch.load(weights_only=True) refuses to unpickle."""
+
+    def __reduce__(self):
+        return print, ("this ran on load",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_as_such_with_what_to_do(tmp_path, llama):
+    hf, target = llama
+    config, tensors = eagle3_ckpt(target)
+    path = write(tmp_path / "p", config, tensors, fmt="bin")
+    torch.save({**tensors, "extra": _RunsCode()}, path / "pytorch_model.bin")
+    with pytest.raises(DrafterLoadError) as e:
+        load_drafter(path, target)
+    msg = str(e.value)
+    assert msg.startswith("pytorch_model.bin: refused") and "\n" not in msg
+    assert "run code" in msg and "print" in msg and "safetensors" in msg
+    assert "corrupted" not in msg and "download it again" not in msg
+
+
 def test_missing_aux_ids_fall_back_to_the_target_default_with_a_warning(tmp_path, llama):
     hf, target = llama
     drafter = load_drafter(write(tmp_path / "d", *eagle3_ckpt(target)), target)
