@@ -58,7 +58,6 @@ EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM",)
 # Published heads reuse the target family's class name; EAGLE-1 or EAGLE-3 is told by the weights.
 EITHER_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ARCHITECTURES = EAGLE3_ARCHITECTURES + SPECULATORS_ARCHITECTURES + EAGLE_ARCHITECTURES + EITHER_ARCHITECTURES
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 SAVED_MAX_POSITIONS = 8192  # written for other engines, which size the drafter's RoPE by it (vLLM #48894)
 HOT_TOKENS_FILE = "hot_tokens.json"  # a shared-head EAGLE-3's most frequent target tokens (read by SpecLens only)
@@ -433,54 +432,95 @@ def _ignorable(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- files
-def resolve_drafter_dir(spec: str | os.PathLike) -> Path:
-    """A local directory as it is; a hub id (owner/name) through the hub cache (or a download)."""
+HUB_ID = r"[\w.-]+/[\w.-]+"
+# Weights a hub drafter may have, by the target's device kind (the target's own limit is
+# demo/loading.py's TARGET_MAX_HUB_BYTES): beside a CPU target of at most 2 GB a drafter is a few
+# hundred MB; an 8B target's EAGLE-3 head with its own copy of a 152k-token embedding is about 2 GB
+# in bf16. Other device kinds take the CPU's.
+DRAFTER_MAX_HUB_BYTES = {"cpu": 500_000_000, "cuda": 4_000_000_000}
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def resolve_drafter_dir(spec: str | os.PathLike, max_bytes: int = DRAFTER_MAX_HUB_BYTES["cuda"]) -> Path:
+    """A local directory as it is; a hub id (owner/name) through fetch_hub_drafter."""
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
     text = str(spec)
-    if path.exists():
-        raise DrafterLoadError(f"drafter: {text!r} is a file; pass its directory (config.json and weights)")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+    if path.exists() or not re.fullmatch(HUB_ID, text):  # a file reads as a missing path: nothing else is told
         raise DrafterLoadError(f"drafter: {text!r} is neither a local directory nor a hub id (owner/name)")
+    return fetch_hub_drafter(text, max_bytes)
+
+
+def fetch_hub_drafter(repo_id: str, max_bytes: int) -> Path:
+    """Fetch a hub drafter into the hub cache, looking before each download: config.json first, its
+    fields checked; then the weight files its layout needs (an index's shards, or one file), refused
+    together over `max_bytes` before any is fetched; then those files and hot_tokens.json, nothing
+    else. Returns the snapshot directory they share."""
+    from demo.hub import HubError, HubRepo, gigabytes
+
     try:
-        from huggingface_hub import snapshot_download
+        repo = HubRepo.open(repo_id)
+    except HubError as e:
+        raise DrafterLoadError(f"drafter: {repo_id!r} {e}, or pass a local directory") from None
+    where = repr(repo_id)
+    try:
+        config = repo.fetch("config.json")
+        check_config_fields(_read_json(config, where))
+        files = weight_files(set(repo.sizes), repo.read_json, where)
+        total = repo.total_bytes(files)
+        if total > max_bytes:
+            raise DrafterLoadError(f"drafter: {where} has {gigabytes(total)} of weights in {len(files)} file(s), "
+                                   f"over the {gigabytes(max_bytes)} a drafter may have on this device")
+        for name in files:
+            repo.fetch(name, max_bytes=None)
+        if HOT_TOKENS_FILE in repo.sizes:
+            repo.fetch(HOT_TOKENS_FILE)
+    except HubError as e:
+        raise DrafterLoadError(str(e)) from None
+    return config.parent
 
-        return Path(snapshot_download(repo_id=text, allow_patterns=HUB_PATTERNS))
-    except Exception as e:  # offline, unknown repo, gated repo, no token: all end here
-        raise DrafterLoadError(f"drafter: {text!r} could not be fetched from the Hugging Face hub "
-                               f"({type(e).__name__}: {_first_line(e)}); check the network (HF_HUB_OFFLINE must be "
-                               f"unset), run `huggingface-cli login` for gated repos, or pass a local directory") from e
+
+def weight_files(names: set[str], read_json, where: str) -> list[str]:
+    """The weight files a checkpoint loads, chosen by file name: an index's shards, else
+    model.safetensors or pytorch_model.bin, else every *.safetensors (or else every *.bin).
+    `read_json(name)` reads an index; `where` names the checkpoint in messages."""
+    for index in WEIGHT_INDEXES:
+        if index in names:
+            body = read_json(index)
+            weight_map = body.get("weight_map") if isinstance(body, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise DrafterLoadError(f"{index}: has no weight_map of file names (the file is corrupted)")
+            files = sorted(set(weight_map.values()))
+            for f in files:
+                if f not in names:
+                    raise DrafterLoadError(f"{index}: names shard {f}, which is missing from {where}")
+            return files
+    for single in WEIGHT_FILES:
+        if single in names:
+            return [single]
+    files = sorted(n for n in names if n.endswith(".safetensors")) or sorted(n for n in names if n.endswith(".bin"))
+    if not files:
+        raise DrafterLoadError(f"weights: no *.safetensors or *.bin file in {where}")
+    return files
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, where: str):
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise DrafterLoadError(f"{path.name}: missing from {path.parent}") from None
+        raise DrafterLoadError(f"{path.name}: missing from {where}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DrafterLoadError(f"{path.name}: not valid JSON ({_first_line(e)}); the file is corrupted or "
                                f"truncated, download it again") from None
+    except OSError as e:
+        raise DrafterLoadError(f"{path.name}: cannot be read from {where} ({type(e).__name__})") from None
 
 
-def _weight_files(d: Path) -> list[Path]:
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (d / index).exists():
-            weight_map = _read_json(d / index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise DrafterLoadError(f"{index}: has no weight_map (the file is corrupted)")
-            files = [d / f for f in sorted(set(weight_map.values()))]
-            for f in files:
-                if not f.exists():
-                    raise DrafterLoadError(f"{index}: names shard {f.name}, which is missing from {d}")
-            return files
-    for single in ("model.safetensors", "pytorch_model.bin"):
-        if (d / single).exists():
-            return [d / single]
-    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
-    if not files:
-        raise DrafterLoadError(f"weights: no *.safetensors or *.bin file in {d}")
-    return files
+def _weight_files(d: Path, where: str) -> list[Path]:
+    names = {p.name for p in d.iterdir() if p.is_file()}
+    return [d / f for f in weight_files(names, lambda name: _read_json(d / name, where), where)]
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -510,13 +550,14 @@ def _refused_pickle(path: Path, e: Exception) -> str:
             f"safetensors.torch.save_file(torch.load(path, weights_only=False), 'model.safetensors')")
 
 
-def read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_checkpoint(d: Path, where: str | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
     """A drafter directory's config.json (its fields checked first) and every tensor of its weight
-    files (CPU, as stored)."""
-    config = _read_json(d / "config.json")
+    files (CPU, as stored). `where` names the checkpoint in messages (default: the directory)."""
+    where = where or repr(str(d))
+    config = _read_json(d / "config.json", where)
     check_config_fields(config)
     tensors: dict[str, torch.Tensor] = {}
-    for f in _weight_files(d):
+    for f in _weight_files(d, where):
         part = _read_tensors(f)
         dup = set(part) & set(tensors)
         if dup:
@@ -539,8 +580,9 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     `drafter.cfg.warnings` says what was assumed.
     hot_tokens: project a shared-head EAGLE-3 onto the rows of its hot_tokens.json only: "auto" on a
     CPU target when the file is there, "on" always (the file must be there), "off" never."""
-    d = resolve_drafter_dir(spec)
-    config, tensors = read_checkpoint(d)
+    where = repr(str(spec))  # messages name what the user gave, never the hub cache's path
+    d = resolve_drafter_dir(spec, DRAFTER_MAX_HUB_BYTES.get(target.device.type, DRAFTER_MAX_HUB_BYTES["cpu"]))
+    config, tensors = read_checkpoint(d, where)
     plan = _plan(config, {k: tuple(v.shape) for k, v in tensors.items()}, method, target)
     cfg = plan.cfg
     state = {}
@@ -570,10 +612,10 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     drafter.share_target(target)
     if hot_tokens not in ("auto", "on", "off"):
         raise ValueError(f"hot_tokens: {hot_tokens!r}, not 'auto', 'on' or 'off'")
-    hot = _read_hot_tokens(d, cfg) if hot_tokens != "off" else None
+    hot = _read_hot_tokens(d, cfg, where) if hot_tokens != "off" else None
     if hot_tokens == "on" and hot is None:
         shared = cfg.method == "eagle3" and not cfg.own_lm_head
-        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {d}" if shared else
+        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {where}" if shared else
                                f"{HOT_TOKENS_FILE}: only an EAGLE-3 head drafting through the target's lm_head reads "
                                f"it; this {cfg.method} head drafts over {cfg.draft_vocab_size} tokens")
     if hot is not None and (hot_tokens == "on" or target.device.type == "cpu"):
@@ -581,12 +623,12 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     return drafter
 
 
-def _read_hot_tokens(d: Path, cfg: DrafterConfig) -> torch.Tensor | None:
+def _read_hot_tokens(d: Path, cfg: DrafterConfig, where: str) -> torch.Tensor | None:
     """The ids of a shared-head EAGLE-3's hot_tokens.json ([N] int64), or None without one."""
     path = d / HOT_TOKENS_FILE
     if cfg.method != "eagle3" or cfg.own_lm_head or not path.exists():
         return None
-    body = _read_json(path)
+    body = _read_json(path, where)
     ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not ids or not all(_whole(i) and 0 <= i < cfg.vocab_size for i in ids):
         raise DrafterLoadError(f"{HOT_TOKENS_FILE}: 'ids' must be a non-empty list of target ids in "

@@ -544,12 +544,25 @@ def test_a_hub_id_that_cannot_be_fetched_is_refused_with_what_to_do(tmp_path, ll
     def offline(**kwargs):
         raise huggingface_hub.errors.LocalEntryNotFoundError("outgoing traffic has been disabled")
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.setattr(huggingface_hub, "model_info", offline)
     hf, target = llama
     with pytest.raises(DrafterLoadError, match=r"^drafter: 'nobody/no-such-head' .*huggingface-cli login"):
         load_drafter("nobody/no-such-head", target)
-    with pytest.raises(DrafterLoadError, match=r"neither a local directory nor a hub id"):
-        load_drafter(str(tmp_path / "missing" / "dir"), target)
+
+
+def test_a_local_path_that_is_no_drafter_directory_is_refused_telling_nothing_beyond_the_path(tmp_path, llama):
+    hf, target = llama
+    (tmp_path / "a-file").write_text("not a directory")
+    messages = []
+    for spec in (tmp_path / "a-file", tmp_path / "missing" / "dir"):
+        with pytest.raises(DrafterLoadError) as e:
+            load_drafter(str(spec), target)
+        messages.append(str(e.value).replace(str(spec), "PATH"))
+    assert messages[0] == messages[1] == "drafter: 'PATH' is neither a local directory nor a hub id (owner/name)"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DrafterLoadError, match=r"^config.json: missing from '.*empty'$"):
+        load_drafter(str(empty), target)
 
 
 # ------------------------------------------------------------------------------ presets
