@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from demo.engine import Engine
-from demo.chat import ChatState
+from demo.chat import ChatState, Turn
 from demo.render import render_chat
-from demo.session import RANDOM_INIT, ModelChoice, Request, RequestError
+from demo.session import MAX_CHARS_PER_TOKEN, RANDOM_INIT, ModelChoice, Request, RequestError
 from tests.tiny_chat import tiny_session
 
 
@@ -85,6 +85,26 @@ def test_bad_input_is_refused_with_a_message_and_no_engine_call(session, monkeyp
     with pytest.raises(RequestError, match=words):
         next(session.generate(request))
     assert calls == [] and chat.turns == []
+
+
+def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_it_is_tokenized(session, monkeypatch):
+    import demo.session
+
+    monkeypatch.setattr(demo.session, "chat_ids", lambda *a: pytest.fail("the prompt was tokenized"))
+    cap = session.max_context * MAX_CHARS_PER_TOKEN
+    with pytest.raises(RequestError, match=rf"^The prompt is {cap + 1:,} characters.*\(at most {cap:,}\)"):
+        session.check(Request.of("x" * (cap + 1)))
+    chat = ChatState(turns=[Turn("user", "x" * cap), Turn("assistant", "y")])
+    with pytest.raises(RequestError, match=r"^The conversation is .* characters.*clear the chat"):
+        session.check(Request.of("z"), chat)
+
+
+@pytest.mark.parametrize("prompt, words", [("hi \ud800", r"lone surrogate '\\ud800' at character 3"),
+                                           (42, "must be text, not int"), (None, "must be text, not NoneType"),
+                                           (["hi"], "must be text, not list")])
+def test_a_prompt_that_is_not_utf8_text_is_refused_with_a_sentence(session, prompt, words):
+    with pytest.raises(RequestError, match=words):
+        session.check(Request.of(prompt))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
