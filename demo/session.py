@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import torch
 
 from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, TokenPiece, Turn, Update,
-                       provenance)
+                       provenance, without_partial_character)
 from demo.drafter_common import DrafterConfig
 from demo.engine import Engine, GenerationConfig, StepEvent
 from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DRAFTER_CLASSES, METHOD_LABELS, METHODS,
@@ -440,7 +440,7 @@ class Session:
             if not identical:
                 first = next((i for i, (a, b) in enumerate(zip(tokens, spec_tokens)) if a != b),
                              min(len(tokens), len(spec_tokens)))
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = without_partial_character(self.tokenizer.decode(tokens, skip_special_tokens=True))
         chat.comparison = Comparison(chat.trace.stats.tokens_per_s, stats.tokens_per_s, greedy, identical, first, text)
 
     def _done_status(self, chat: ChatState) -> str:

@@ -152,6 +152,36 @@ def test_a_reply_cut_short_by_stop_is_marked_stopped(session):
     assert chat.turns[-1].role == "user"
 
 
+def test_a_reply_cut_inside_a_multibyte_character_never_ends_in_part_of_one(predictable, monkeypatch):
+    """The budget can stop a reply after the first byte of "é" (the byte tokenizer's ids for C3 A9):
+    the reply ends before that character, never in a replacement character."""
+    first_byte = predictable.tokenizer("é")["input_ids"][0]
+    generate = Engine.generate
+
+    def cut_inside_a_character(engine, ids, gen):
+        events = list(generate(engine, ids, gen))
+        last = events[-1]
+        events[-1] = dataclasses.replace(last, token_ids=last.token_ids[:-1] + [first_byte])
+        yield from events
+
+    monkeypatch.setattr(Engine, "generate", cut_inside_a_character)
+    turn = list(predictable.generate(Request.of("hi", method="eagle", max_new_tokens=6)))[-1].chat.turns[-1]
+    assert turn.pieces[-1].token_id == first_byte and len(turn.pieces) == 6
+    assert turn.text == "a" * 5 == "".join(p.text for p in turn.pieces)
+
+
+def test_flush_holds_back_a_character_the_last_tokens_left_incomplete():
+    from demo.chat import IncrementalDecoder
+    from tests.tiny_chat import byte_tokenizer
+
+    tok = byte_tokenizer()
+    for text in ("hé", "a😀", "你好"):
+        ids = tok(text)["input_ids"][:-1]  # the last character loses its last byte
+        decoder = IncrementalDecoder(tok, window=2)
+        pieces = [decoder.push(i) for i in ids] + [decoder.flush()]
+        assert "".join(pieces) == text[:-1] and "\ufffd" not in "".join(pieces)
+
+
 def test_chat_state_is_deep_copyable(session):
     final = list(session.generate(Request.of("hi", max_new_tokens=6, compare=True)))[-1]
     clone = copy.deepcopy(final.chat)
