@@ -47,6 +47,7 @@ from typing import Mapping, Sequence
 import torch
 
 from demo.drafter_common import DrafterBase, DrafterConfig
+from demo.hub import HUB_ID, HubError, HubRepo, gigabytes
 from demo.layers import rope_inv_freq
 from demo.methods import DRAFTER_CLASSES, dtype_label
 
@@ -432,7 +433,6 @@ def _ignorable(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- files
-HUB_ID = r"[\w.-]+/[\w.-]+"
 # Weights a hub drafter may have, by the target's device kind (the target's own limit is
 # demo/loading.py's TARGET_MAX_HUB_BYTES): beside a CPU target of at most 2 GB a drafter is a few
 # hundred MB; an 8B target's EAGLE-3 head with its own copy of a 152k-token embedding is about 2 GB
@@ -458,8 +458,6 @@ def fetch_hub_drafter(repo_id: str, max_bytes: int) -> Path:
     fields checked; then the weight files its layout needs (an index's shards, or one file), refused
     together over `max_bytes` before any is fetched; then those files and hot_tokens.json, nothing
     else. Returns the snapshot directory they share."""
-    from demo.hub import HubError, HubRepo, gigabytes
-
     try:
         repo = HubRepo.open(repo_id)
     except HubError as e:

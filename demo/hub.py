@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+HUB_ID = r"[\w.-]+/[\w.-]+"  # owner/name
 MAX_JSON_BYTES = 16_000_000  # config.json, an index, hot_tokens.json: an index of 100k tensors is a few MB
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+
+from demo.hub import HUB_ID, HubError, HubRepo, gigabytes
 
 DEFAULT_TARGET = "default"
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
@@ -126,7 +129,7 @@ def load_target(spec: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "
     path = str(default_target_dir()) if spec == DEFAULT_TARGET else spec
     revision = None
     if spec != DEFAULT_TARGET and not Path(spec).exists():
-        if "/" not in spec:
+        if not re.fullmatch(HUB_ID, spec):
             raise LoadError(f"target {spec!r} is neither 'default', a local directory, nor a hub id (owner/name)")
         revision = check_hub_target(spec, dev)
     try:
@@ -145,7 +148,6 @@ def check_hub_target(repo_id: str, device: torch.device) -> str:
     """Refuse a hub target whose weights pass TARGET_MAX_HUB_BYTES for this device kind, before any
     download; returns the commit that was sized, which is the one loaded."""
     from demo.checkpoints import DrafterLoadError, weight_files
-    from demo.hub import HubError, HubRepo, gigabytes
 
     limit = TARGET_MAX_HUB_BYTES.get(device.type, TARGET_MAX_HUB_BYTES["cpu"])
     try:

@@ -153,3 +153,11 @@ def test_a_hub_target_too_large_for_the_device_is_refused_before_downloading(tmp
     hub.sizes["model.safetensors"] = limit  # at the limit it loads, from the commit that was sized
     load_target("owner/fits", device="cpu")
     assert loads == [("owner/fits", SHA), ("owner/fits", SHA)] and hub.fetched == []
+
+
+def test_a_local_target_path_that_does_not_exist_is_never_looked_up_on_the_hub(tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda *a, **k: pytest.fail("looked up on the hub"))
+    missing = str(tmp_path / "no" / "such-model")
+    with pytest.raises(LoadError, match=r"is neither 'default', a local directory, nor a hub id") as e:
+        load_target(missing, device="cpu")
+    assert str(e.value).startswith(f"target {missing!r}")
