@@ -56,6 +56,13 @@ def provenance(token_ids: list[int], num_accepted: int, resampled: bool) -> list
     return [(i + 1, False) if i < num_accepted else (0, resampled) for i in range(len(token_ids))]
 
 
+def without_partial_character(text: str) -> str:
+    """Decoded text less the replacement characters at its end, bytes its last tokens left as part
+    of a character (the token budget can cut a reply inside one) or as none: a reply never ends in
+    half a character."""
+    return text.rstrip("\ufffd")
+
+
 class IncrementalDecoder:
     """Per-token text of a growing reply: decode a window of the ids and take what the new token
     added. A token that leaves a character incomplete gets "" and the token that completes it
@@ -89,8 +96,9 @@ class IncrementalDecoder:
         return piece
 
     def flush(self) -> str:
-        """Whatever text is still held back (an incomplete character at the very end)."""
-        text = self._decode(self.ids[self.start:])
+        """The text still held back when the reply ends, less a character its last tokens left
+        incomplete (without_partial_character)."""
+        text = without_partial_character(self._decode(self.ids[self.start:]))
         piece = text[self.prefix_len:]
         self.prefix_len = len(text)
         return piece

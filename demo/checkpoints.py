@@ -36,7 +36,9 @@ code is never run.
 from __future__ import annotations
 
 import json
+import math
 import os
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from typing import Mapping, Sequence
 import torch
 
 from demo.drafter_common import DrafterBase, DrafterConfig
+from demo.hub import HUB_ID, HubError, HubRepo, gigabytes
 from demo.layers import rope_inv_freq
 from demo.methods import DRAFTER_CLASSES, dtype_label
 
@@ -56,7 +59,6 @@ EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM",)
 # Published heads reuse the target family's class name; EAGLE-1 or EAGLE-3 is told by the weights.
 EITHER_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ARCHITECTURES = EAGLE3_ARCHITECTURES + SPECULATORS_ARCHITECTURES + EAGLE_ARCHITECTURES + EITHER_ARCHITECTURES
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.bin"]
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 SAVED_MAX_POSITIONS = 8192  # written for other engines, which size the drafter's RoPE by it (vLLM #48894)
 HOT_TOKENS_FILE = "hot_tokens.json"  # a shared-head EAGLE-3's most frequent target tokens (read by SpecLens only)
@@ -64,6 +66,67 @@ HOT_TOKENS_FILE = "hot_tokens.json"  # a shared-head EAGLE-3's most frequent tar
 
 class DrafterLoadError(ValueError):
     """A drafter checkpoint was refused; the one-line message names the field and both values."""
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# The kinds of value a config.json field may hold: (how a message says it, the test).
+POSITIVE_INT = ("a positive integer", lambda v: _whole(v) and v > 0)
+POSITIVE_NUMBER = ("a finite positive number",
+                   lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)
+FLAG = ("true or false", lambda v: isinstance(v, bool))
+TEXT = ("a string", lambda v: isinstance(v, str))
+OBJECT = ("an object", lambda v: isinstance(v, dict))
+CLASS_NAMES = ("a list of class names", lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v))
+LAYER_IDS = ("a list of layer ids (integers >= 0)",
+             lambda v: isinstance(v, list) and all(_whole(i) and i >= 0 for i in v))
+ROPE_FIELDS = {"rope_theta": POSITIVE_NUMBER, "rope_type": TEXT, "type": TEXT, "factor": POSITIVE_NUMBER,
+               "low_freq_factor": POSITIVE_NUMBER, "high_freq_factor": POSITIVE_NUMBER,
+               "original_max_position_embeddings": POSITIVE_INT}
+# Every config.json field the loader reads, checked before any is used; a dotted name is a field of
+# an object, and absent or null means the default. A speculators config's transformer_layer_config
+# is checked against the same table.
+CONFIG_FIELDS = {
+    "architectures": CLASS_NAMES, "speculators_model_type": TEXT, "transformer_layer_config": OBJECT,
+    "hidden_size": POSITIVE_INT, "intermediate_size": POSITIVE_INT, "num_attention_heads": POSITIVE_INT,
+    "num_key_value_heads": POSITIVE_INT, "head_dim": POSITIVE_INT, "num_hidden_layers": POSITIVE_INT,
+    "vocab_size": POSITIVE_INT, "draft_vocab_size": POSITIVE_INT, "target_hidden_size": POSITIVE_INT,
+    "rms_norm_eps": POSITIVE_NUMBER, "rope_theta": POSITIVE_NUMBER, "rope_scaling": OBJECT, "rope_parameters": OBJECT,
+    **{f"{scope}.{name}": kind for scope in ("rope_scaling", "rope_parameters") for name, kind in ROPE_FIELDS.items()},
+    "hidden_act": TEXT, "attention_bias": FLAG, "bias": FLAG, "norm_before_fc": FLAG, "norm_before_residual": FLAG,
+    "eagle_aux_hidden_state_layer_ids": LAYER_IDS, "eagle_config": OBJECT,
+    "eagle_config.eagle_aux_hidden_state_layer_ids": LAYER_IDS, "eagle_config.use_aux_hidden_state": FLAG,
+    "speclens": OBJECT, "speclens.aux_layer_ids": LAYER_IDS, "speclens.own_embedding": FLAG,
+}
+
+
+def check_config_fields(config) -> None:
+    """Refuse a config.json that is not an object, or any field of CONFIG_FIELDS holding another
+    kind of value, in one line naming the field and the value."""
+    if not isinstance(config, dict):
+        raise DrafterLoadError(f"config.json: holds a JSON {_json_kind(config)}, not an object of fields")
+    scopes = [("", config)]
+    if isinstance(config.get("transformer_layer_config"), dict):
+        scopes.append(("transformer_layer_config.", config["transformer_layer_config"]))
+    for prefix, scope in scopes:
+        for name, (what, ok) in CONFIG_FIELDS.items():  # an object comes before its fields
+            value = scope
+            for part in name.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is not None and not ok(value):
+                raise DrafterLoadError(f"{prefix}{name}: config.json has {_shown(value)}, not {what}")
+
+
+def _json_kind(value) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -88,6 +151,7 @@ def read_drafter_config(config: dict, weights: Mapping[str, Sequence[int]], *,
 
 def _plan(config: dict, shapes: dict[str, tuple[int, ...]], method: str | None, target=None) -> _Plan:
     """Layout -> DrafterConfig -> checks against the target -> checkpoint names mapped to the module's."""
+    check_config_fields(config)
     arch = _architecture(config)
     speculators = arch in SPECULATORS_ARCHITECTURES or config.get("speculators_model_type") == "eagle3"
     found = _detect_method(arch, speculators, config, shapes)
@@ -111,8 +175,14 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
         if not isinstance(layer_cfg, dict):
             raise DrafterLoadError("transformer_layer_config: missing from a speculators config.json "
                                    "(an Eagle3Speculator checkpoint needs it)")
-    H = int(_required(layer_cfg, "hidden_size"))
-    heads = int(_required(layer_cfg, "num_attention_heads"))
+    H = _required(layer_cfg, "hidden_size")
+    heads = _required(layer_cfg, "num_attention_heads")
+    kv_heads = layer_cfg.get("num_key_value_heads") or heads
+    if not layer_cfg.get("head_dim") and H % heads:
+        raise DrafterLoadError(f"num_attention_heads: {heads} does not divide hidden_size {H}, and config.json "
+                               f"gives no head_dim")
+    if heads % kv_heads:
+        raise DrafterLoadError(f"num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}")
     theta, scaling = _rope(layer_cfg)
     _check_unsupported(config, layer_cfg, canon, method, speculators)
     speclens = config.get("speclens") or {}  # written by save_drafter
@@ -122,9 +192,8 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
     target_hidden = int(config.get("target_hidden_size") or H)
     cfg = dict(
         method=method, hidden_size=H, intermediate_size=int(_required(layer_cfg, "intermediate_size")),
-        num_heads=heads, num_kv_heads=int(layer_cfg.get("num_key_value_heads") or heads),
-        head_dim=int(layer_cfg.get("head_dim") or 0), vocab_size=int(vocab),
-        rms_norm_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),  # LlamaConfig's default, as other engines read it
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=layer_cfg.get("head_dim") or 0, vocab_size=int(vocab),
+        rms_norm_eps=float(layer_cfg.get("rms_norm_eps") or 1e-6),  # LlamaConfig's default, as other engines read it
         rope_theta=theta, rope_scaling=scaling,
         attention_bias=bool(layer_cfg.get("attention_bias")) or _has_bias(canon, method),
         own_embedding="embed_tokens.weight" in canon and (bool(speclens.get("own_embedding")) or target_hidden != H),
@@ -146,7 +215,9 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
         raise DrafterLoadError(f"lm_head.weight: missing; draft_vocab_size {draft_vocab} needs the head's own lm_head "
                                f"(only a full-vocabulary head, {vocab} tokens, drafts through the target's)")
     # vLLM reads a speculators config without norm_before_residual as true
-    norm_before_residual = config.get("norm_before_residual", speculators)
+    norm_before_residual = config.get("norm_before_residual")
+    if norm_before_residual is None:
+        norm_before_residual = speculators
     return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab), own_lm_head=own_head,
                          target_hidden_size=target_hidden, aux_layer_ids=None if aux is None else tuple(aux),
                          norm_before_residual=bool(norm_before_residual), warnings=warnings)
@@ -362,54 +433,92 @@ def _ignorable(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- files
-def resolve_drafter_dir(spec: str | os.PathLike) -> Path:
-    """A local directory as it is; a hub id (owner/name) through the hub cache (or a download)."""
+# Weights a hub drafter may have, by the target's device kind (the target's own limit is
+# demo/loading.py's TARGET_MAX_HUB_BYTES): beside a CPU target of at most 2 GB a drafter is a few
+# hundred MB; an 8B target's EAGLE-3 head with its own copy of a 152k-token embedding is about 2 GB
+# in bf16. Other device kinds take the CPU's.
+DRAFTER_MAX_HUB_BYTES = {"cpu": 500_000_000, "cuda": 4_000_000_000}
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def resolve_drafter_dir(spec: str | os.PathLike, max_bytes: int = DRAFTER_MAX_HUB_BYTES["cuda"]) -> Path:
+    """A local directory as it is; a hub id (owner/name) through fetch_hub_drafter."""
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
     text = str(spec)
-    if path.exists():
-        raise DrafterLoadError(f"drafter: {text!r} is a file; pass its directory (config.json and weights)")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+    if path.exists() or not re.fullmatch(HUB_ID, text):  # a file reads as a missing path: nothing else is told
         raise DrafterLoadError(f"drafter: {text!r} is neither a local directory nor a hub id (owner/name)")
+    return fetch_hub_drafter(text, max_bytes)
+
+
+def fetch_hub_drafter(repo_id: str, max_bytes: int) -> Path:
+    """Fetch a hub drafter into the hub cache, looking before each download: config.json first, its
+    fields checked; then the weight files its layout needs (an index's shards, or one file), refused
+    together over `max_bytes` before any is fetched; then those files and hot_tokens.json, nothing
+    else. Returns the snapshot directory they share."""
     try:
-        from huggingface_hub import snapshot_download
+        repo = HubRepo.open(repo_id)
+    except HubError as e:
+        raise DrafterLoadError(f"drafter: {repo_id!r} {e}, or pass a local directory") from None
+    where = repr(repo_id)
+    try:
+        config = repo.fetch("config.json")
+        check_config_fields(_read_json(config, where))
+        files = weight_files(set(repo.sizes), repo.read_json, where)
+        total = repo.total_bytes(files)
+        if total > max_bytes:
+            raise DrafterLoadError(f"drafter: {where} has {gigabytes(total)} of weights in {len(files)} file(s), "
+                                   f"over the {gigabytes(max_bytes)} a drafter may have on this device")
+        for name in files:
+            repo.fetch(name, max_bytes=None)
+        if HOT_TOKENS_FILE in repo.sizes:
+            repo.fetch(HOT_TOKENS_FILE)
+    except HubError as e:
+        raise DrafterLoadError(str(e)) from None
+    return config.parent
 
-        return Path(snapshot_download(repo_id=text, allow_patterns=HUB_PATTERNS))
-    except Exception as e:  # offline, unknown repo, gated repo, no token: all end here
-        raise DrafterLoadError(f"drafter: {text!r} could not be fetched from the Hugging Face hub "
-                               f"({type(e).__name__}: {_first_line(e)}); check the network (HF_HUB_OFFLINE must be "
-                               f"unset), run `huggingface-cli login` for gated repos, or pass a local directory") from e
+
+def weight_files(names: set[str], read_json, where: str) -> list[str]:
+    """The weight files a checkpoint loads, chosen by file name: an index's shards, else
+    model.safetensors or pytorch_model.bin, else every *.safetensors (or else every *.bin).
+    `read_json(name)` reads an index; `where` names the checkpoint in messages."""
+    for index in WEIGHT_INDEXES:
+        if index in names:
+            body = read_json(index)
+            weight_map = body.get("weight_map") if isinstance(body, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise DrafterLoadError(f"{index}: has no weight_map of file names (the file is corrupted)")
+            files = sorted(set(weight_map.values()))
+            for f in files:
+                if f not in names:
+                    raise DrafterLoadError(f"{index}: names shard {f}, which is missing from {where}")
+            return files
+    for single in WEIGHT_FILES:
+        if single in names:
+            return [single]
+    files = sorted(n for n in names if n.endswith(".safetensors")) or sorted(n for n in names if n.endswith(".bin"))
+    if not files:
+        raise DrafterLoadError(f"weights: no *.safetensors or *.bin file in {where}")
+    return files
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, where: str):
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise DrafterLoadError(f"{path.name}: missing from {path.parent}") from None
+        raise DrafterLoadError(f"{path.name}: missing from {where}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DrafterLoadError(f"{path.name}: not valid JSON ({_first_line(e)}); the file is corrupted or "
                                f"truncated, download it again") from None
+    except OSError as e:
+        raise DrafterLoadError(f"{path.name}: cannot be read from {where} ({type(e).__name__})") from None
 
 
-def _weight_files(d: Path) -> list[Path]:
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (d / index).exists():
-            weight_map = _read_json(d / index).get("weight_map")
-            if not isinstance(weight_map, dict):
-                raise DrafterLoadError(f"{index}: has no weight_map (the file is corrupted)")
-            files = [d / f for f in sorted(set(weight_map.values()))]
-            for f in files:
-                if not f.exists():
-                    raise DrafterLoadError(f"{index}: names shard {f.name}, which is missing from {d}")
-            return files
-    for single in ("model.safetensors", "pytorch_model.bin"):
-        if (d / single).exists():
-            return [d / single]
-    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
-    if not files:
-        raise DrafterLoadError(f"weights: no *.safetensors or *.bin file in {d}")
-    return files
+def _weight_files(d: Path, where: str) -> list[Path]:
+    names = {p.name for p in d.iterdir() if p.is_file()}
+    return [d / f for f in weight_files(names, lambda name: _read_json(d / name, where), where)]
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -421,6 +530,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         else:
             tensors = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors header errors, truncated zip archives, refused pickles
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            raise DrafterLoadError(_refused_pickle(path, e)) from None
         raise DrafterLoadError(f"{path.name}: cannot be read ({type(e).__name__}: {_first_line(e)}); the file is "
                                f"corrupted or truncated, download it again") from None
     if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
@@ -428,11 +539,23 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def read_checkpoint(d: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """A drafter directory's config.json and every tensor of its weight files (CPU, as stored)."""
-    config = _read_json(d / "config.json")
+def _refused_pickle(path: Path, e: Exception) -> str:
+    """Why torch.load(weights_only=True) refused a pickle, and what to do instead."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    what = f"it calls {found.group(1)}" if found else "it holds objects other than tensors"
+    return (f"{path.name}: refused, because loading it could run code ({what}, which torch.load(weights_only=True) "
+            f"does not allow); use a safetensors checkpoint, or, if you trust its source, convert it with "
+            f"safetensors.torch.save_file(torch.load(path, weights_only=False), 'model.safetensors')")
+
+
+def read_checkpoint(d: Path, where: str | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A drafter directory's config.json (its fields checked first) and every tensor of its weight
+    files (CPU, as stored). `where` names the checkpoint in messages (default: the directory)."""
+    where = where or repr(str(d))
+    config = _read_json(d / "config.json", where)
+    check_config_fields(config)
     tensors: dict[str, torch.Tensor] = {}
-    for f in _weight_files(d):
+    for f in _weight_files(d, where):
         part = _read_tensors(f)
         dup = set(part) & set(tensors)
         if dup:
@@ -455,8 +578,9 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     `drafter.cfg.warnings` says what was assumed.
     hot_tokens: project a shared-head EAGLE-3 onto the rows of its hot_tokens.json only: "auto" on a
     CPU target when the file is there, "on" always (the file must be there), "off" never."""
-    d = resolve_drafter_dir(spec)
-    config, tensors = read_checkpoint(d)
+    where = repr(str(spec))  # messages name what the user gave, never the hub cache's path
+    d = resolve_drafter_dir(spec, DRAFTER_MAX_HUB_BYTES.get(target.device.type, DRAFTER_MAX_HUB_BYTES["cpu"]))
+    config, tensors = read_checkpoint(d, where)
     plan = _plan(config, {k: tuple(v.shape) for k, v in tensors.items()}, method, target)
     cfg = plan.cfg
     state = {}
@@ -486,10 +610,10 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     drafter.share_target(target)
     if hot_tokens not in ("auto", "on", "off"):
         raise ValueError(f"hot_tokens: {hot_tokens!r}, not 'auto', 'on' or 'off'")
-    hot = _read_hot_tokens(d, cfg) if hot_tokens != "off" else None
+    hot = _read_hot_tokens(d, cfg, where) if hot_tokens != "off" else None
     if hot_tokens == "on" and hot is None:
         shared = cfg.method == "eagle3" and not cfg.own_lm_head
-        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {d}" if shared else
+        raise DrafterLoadError(f"{HOT_TOKENS_FILE}: missing from {where}" if shared else
                                f"{HOT_TOKENS_FILE}: only an EAGLE-3 head drafting through the target's lm_head reads "
                                f"it; this {cfg.method} head drafts over {cfg.draft_vocab_size} tokens")
     if hot is not None and (hot_tokens == "on" or target.device.type == "cpu"):
@@ -497,14 +621,14 @@ def load_drafter(spec: str | os.PathLike, target, *, method: str | None = None,
     return drafter
 
 
-def _read_hot_tokens(d: Path, cfg: DrafterConfig) -> torch.Tensor | None:
+def _read_hot_tokens(d: Path, cfg: DrafterConfig, where: str) -> torch.Tensor | None:
     """The ids of a shared-head EAGLE-3's hot_tokens.json ([N] int64), or None without one."""
     path = d / HOT_TOKENS_FILE
     if cfg.method != "eagle3" or cfg.own_lm_head or not path.exists():
         return None
-    body = _read_json(path)
+    body = _read_json(path, where)
     ids = body.get("ids") if isinstance(body, dict) else None
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < cfg.vocab_size for i in ids):
+    if not isinstance(ids, list) or not ids or not all(_whole(i) and 0 <= i < cfg.vocab_size for i in ids):
         raise DrafterLoadError(f"{HOT_TOKENS_FILE}: 'ids' must be a non-empty list of target ids in "
                                f"[0, {cfg.vocab_size}) (the file is corrupted)")
     return torch.tensor(ids, dtype=torch.int64)

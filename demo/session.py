@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 import torch
 
 from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, TokenPiece, Turn, Update,
-                       provenance)
+                       provenance, without_partial_character)
 from demo.drafter_common import DrafterConfig
 from demo.engine import Engine, GenerationConfig, StepEvent
 from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DRAFTER_CLASSES, METHOD_LABELS, METHODS,
@@ -43,6 +43,10 @@ LIMITS = {
     "seed": (0, 2**31 - 1),
 }
 TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOKENS)}  # 0 tokens: every node
+# A prompt (with the conversation before it) longer than max_context * this many characters cannot
+# fit the context and is refused before it is tokenized: English runs about 4 characters per token,
+# and no real text packs 32 into every token of a prompt.
+MAX_CHARS_PER_TOKEN = 32
 
 Progress = Callable[[float, str], None]  # (fraction done, what is happening)
 
@@ -297,8 +301,10 @@ class Session:
     def check(self, request: Request, chat: ChatState | None = None) -> list[int]:
         """Refuse bad input with a RequestError; return the prompt ids of the conversation so far
         plus `request.prompt` as the next user turn."""
-        if not isinstance(request.prompt, str) or not request.prompt.strip():
-            raise RequestError("The prompt is empty: type a message first.")
+        history = (chat or ChatState()).messages()
+        if history and history[-1]["role"] == "user":  # an unanswered turn is replaced
+            history = history[:-1]
+        self._check_text(request.prompt, history)
         if request.method not in METHODS:
             raise RequestError(f"Unknown method {request.method!r}: choose one of {', '.join(METHODS)}.")
         if request.method != "none" and self.drafters[request.method] is None:
@@ -311,9 +317,6 @@ class Session:
         for name, (lo, hi) in LIMITS.items():
             _check_number(name, getattr(request.gen, name), lo, hi)
         self._check_shape(request)
-        history = (chat or ChatState()).messages()
-        if history and history[-1]["role"] == "user":  # an unanswered turn is replaced
-            history = history[:-1]
         ids = chat_ids(self.tokenizer, history + [{"role": "user", "content": request.prompt}])
         max_new = int(request.gen.max_new_tokens)
         need = len(ids) + max_new + request.shape.width
@@ -323,6 +326,26 @@ class Session:
                                f"it needs {need} of the {self.max_context}-token context. Shorten it, lower max new "
                                "tokens" + (", or clear the chat." if history else "."))
         return ids
+
+    def _check_text(self, prompt, history: list[dict]) -> None:
+        """The prompt must be text UTF-8 can encode, not empty, and short enough in characters for the
+        context (checked before tokenizing: a 10 MB prompt would hold the server for seconds)."""
+        if not isinstance(prompt, str):
+            raise RequestError(f"The prompt must be text, not {type(prompt).__name__}.")
+        cap = self.max_context * MAX_CHARS_PER_TOKEN
+        chars = len(prompt) + sum(len(m["content"]) for m in history)
+        if chars > cap:
+            what = "conversation" if history else "prompt"
+            raise RequestError(f"The {what} is {chars:,} characters, more than the {self.max_context}-token "
+                               f"context can hold (at most {cap:,}). Shorten it" +
+                               (", or clear the chat." if history else "."))
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise RequestError(f"The prompt is not valid text: it has a lone surrogate {prompt[e.start]!r} at "
+                               f"character {e.start}, which UTF-8 cannot encode. Remove it.") from None
+        if not prompt.strip():
+            raise RequestError("The prompt is empty: type a message first.")
 
     @staticmethod
     def _check_shape(request: Request) -> None:
@@ -432,7 +455,7 @@ class Session:
             if not identical:
                 first = next((i for i, (a, b) in enumerate(zip(tokens, spec_tokens)) if a != b),
                              min(len(tokens), len(spec_tokens)))
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = without_partial_character(self.tokenizer.decode(tokens, skip_special_tokens=True))
         chat.comparison = Comparison(chat.trace.stats.tokens_per_s, stats.tokens_per_s, greedy, identical, first, text)
 
     def _done_status(self, chat: ChatState) -> str:

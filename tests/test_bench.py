@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from demo import bench
 from demo.metrics import AcceptanceStats
@@ -296,6 +297,20 @@ def test_mismatched_drafter_exits_with_one_line_reason_naming_the_size(models, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert "96" in err and "64" in err
+
+
+@pytest.mark.parametrize("config, field", [([], "config.json:"), ({"architectures": ["LlamaForCausalLM"],
+                                                                    "hidden_size": 64, "num_attention_heads": 0},
+                                                                   "num_attention_heads:")])
+def test_a_malformed_drafter_config_exits_with_one_line_naming_the_field(models, tmp_path, capsys, config, field):
+    drafter = tmp_path / "bad-drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps(config))
+    save_file({"fc.weight": torch.zeros(64, 128)}, str(drafter / "model.safetensors"))
+    argv = ["--target", str(models["target"]), "--method", "eagle", "--drafter", str(drafter), *FAST]
+    assert bench.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {field}"), err
 
 
 @pytest.mark.parametrize("argv", [

@@ -425,6 +425,65 @@ def test_a_drafter_that_does_not_fit_is_refused_in_one_line_naming_the_field_and
     assert msg.startswith(start) and all(w in msg for w in words), msg
 
 
+def _config(edit):
+    """A published EAGLE-3 checkpoint whose config.json is edit(config) (in place, or returned)."""
+    def build(target):
+        config, tensors = _eagle3(target)
+        return edit(config) or config, tensors
+    return build
+
+
+def _set(**fields):
+    return _config(lambda c: c.update(fields))
+
+
+def _without_head_dim(**fields):
+    return _config(lambda c: c.pop("head_dim") and c.update(fields))
+
+
+# (what is wrong, checkpoint builder, the message's start, words it must name): every config.json
+# field the loader reads is type-checked before use; the tiny target has hidden 64, 4 heads, 2 KV heads
+BAD_CONFIGS = [
+    ("config is a list", _config(lambda c: [c]), "config.json:", ["list"]),
+    ("zero heads without head_dim", _without_head_dim(num_attention_heads=0), "num_attention_heads:", ["0"]),
+    ("heads do not divide hidden_size", _without_head_dim(num_attention_heads=3), "num_attention_heads:",
+     ["3", "64"]),
+    ("KV heads do not divide heads", _set(num_key_value_heads=3), "num_key_value_heads:", ["3", "4"]),
+    ("negative draft_vocab_size", _set(draft_vocab_size=-1), "draft_vocab_size:", ["-1"]),
+    ("rms_norm_eps a string", _set(rms_norm_eps="NaN"), "rms_norm_eps:", ["'NaN'"]),
+    ("rms_norm_eps not finite", _set(rms_norm_eps=float("inf")), "rms_norm_eps:", ["inf"]),
+    ("fractional hidden_size", _set(hidden_size=64.5), "hidden_size:", ["64.5"]),
+    ("boolean intermediate_size", _set(intermediate_size=True), "intermediate_size:", ["True"]),
+    ("vocab_size a string", _set(vocab_size="256"), "vocab_size:", ["'256'"]),
+    ("num_hidden_layers a string", _set(num_hidden_layers="1"), "num_hidden_layers:", ["'1'"]),
+    ("negative rope_theta", _set(rope_theta=-1), "rope_theta:", ["-1"]),
+    ("rope_scaling factor a string", _set(rope_scaling={"rope_type": "linear", "factor": "x"}),
+     "rope_scaling.factor:", ["'x'"]),
+    ("architectures a string", _set(architectures="LlamaForCausalLM"), "architectures:", ["'LlamaForCausalLM'"]),
+    ("attention_bias a string", _set(attention_bias="false"), "attention_bias:", ["'false'"]),
+    ("hidden_act a number", _set(hidden_act=5), "hidden_act:", ["5"]),
+    ("eagle_config a list", _set(eagle_config=[2, 4, 5]), "eagle_config:", ["[2, 4, 5]"]),
+    ("aux layer ids as strings", _set(eagle_config={"eagle_aux_hidden_state_layer_ids": ["2", 4, 5]}),
+     "eagle_config.eagle_aux_hidden_state_layer_ids:", ["'2'"]),
+    ("aux layer ids a number", _set(eagle_aux_hidden_state_layer_ids=5), "eagle_aux_hidden_state_layer_ids:", ["5"]),
+    ("target_hidden_size zero", _set(target_hidden_size=0), "target_hidden_size:", ["0"]),
+    ("norm_before_residual a string", _set(norm_before_residual="yes"), "norm_before_residual:", ["'yes'"]),
+    ("speclens a list", _set(speclens=[]), "speclens:", ["[]"]),
+    ("speculators layer config with a bad size",
+     _config(lambda c: {"architectures": ["Eagle3Speculator"], "draft_vocab_size": 64,
+                        "transformer_layer_config": {**c, "architectures": None, "hidden_size": "64"}}),
+     "transformer_layer_config.hidden_size:", ["'64'"]),
+]
+
+
+@pytest.mark.parametrize("build, start, words", [r[1:] for r in BAD_CONFIGS], ids=[r[0] for r in BAD_CONFIGS])
+def test_every_config_field_is_type_checked_in_one_line_naming_the_field_and_value(tmp_path, llama, build, start,
+                                                                                 words):
+    hf, target = llama
+    msg = refused(tmp_path, target, *build(target))
+    assert msg.startswith(start) and all(w in msg for w in words), msg
+
+
 @pytest.mark.parametrize("damage", ["truncated safetensors", "truncated bin", "bad json", "bad header"])
 def test_corrupted_files_are_refused_naming_the_file(tmp_path, llama, damage):
     hf, target = llama
@@ -441,6 +500,26 @@ def test_corrupted_files_are_refused_naming_the_file(tmp_path, llama, damage):
         victim.write_bytes(data[: len(data) // 2])
     with pytest.raises(DrafterLoadError, match=rf"^{victim.name}: .*(corrupted|truncated)"):
         load_drafter(path, target)
+
+
+class _RunsCode:
+    """Pickles as a call of print: what torch.load(weights_only=True) refuses to unpickle."""
+
+    def __reduce__(self):
+        return print, ("this ran on load",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_as_such_with_what_to_do(tmp_path, llama):
+    hf, target = llama
+    config, tensors = eagle3_ckpt(target)
+    path = write(tmp_path / "p", config, tensors, fmt="bin")
+    torch.save({**tensors, "extra": _RunsCode()}, path / "pytorch_model.bin")
+    with pytest.raises(DrafterLoadError) as e:
+        load_drafter(path, target)
+    msg = str(e.value)
+    assert msg.startswith("pytorch_model.bin: refused") and "\n" not in msg
+    assert "run code" in msg and "print" in msg and "safetensors" in msg
+    assert "corrupted" not in msg and "download it again" not in msg
 
 
 def test_missing_aux_ids_fall_back_to_the_target_default_with_a_warning(tmp_path, llama):
@@ -465,12 +544,25 @@ def test_a_hub_id_that_cannot_be_fetched_is_refused_with_what_to_do(tmp_path, ll
     def offline(**kwargs):
         raise huggingface_hub.errors.LocalEntryNotFoundError("outgoing traffic has been disabled")
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.setattr(huggingface_hub, "model_info", offline)
     hf, target = llama
     with pytest.raises(DrafterLoadError, match=r"^drafter: 'nobody/no-such-head' .*huggingface-cli login"):
         load_drafter("nobody/no-such-head", target)
-    with pytest.raises(DrafterLoadError, match=r"neither a local directory nor a hub id"):
-        load_drafter(str(tmp_path / "missing" / "dir"), target)
+
+
+def test_a_local_path_that_is_no_drafter_directory_is_refused_telling_nothing_beyond_the_path(tmp_path, llama):
+    hf, target = llama
+    (tmp_path / "a-file").write_text("not a directory")
+    messages = []
+    for spec in (tmp_path / "a-file", tmp_path / "missing" / "dir"):
+        with pytest.raises(DrafterLoadError) as e:
+            load_drafter(str(spec), target)
+        messages.append(str(e.value).replace(str(spec), "PATH"))
+    assert messages[0] == messages[1] == "drafter: 'PATH' is neither a local directory nor a hub id (owner/name)"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DrafterLoadError, match=r"^config.json: missing from '.*empty'$"):
+        load_drafter(str(empty), target)
 
 
 # ------------------------------------------------------------------------------ presets

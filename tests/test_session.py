@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from demo.engine import Engine
-from demo.chat import ChatState
+from demo.chat import ChatState, Turn
 from demo.render import render_chat
-from demo.session import RANDOM_INIT, ModelChoice, Request, RequestError
+from demo.session import MAX_CHARS_PER_TOKEN, RANDOM_INIT, ModelChoice, Request, RequestError
 from demo.tree import TreeShape
 from tests.tiny_chat import tiny_session
 
@@ -103,6 +103,26 @@ def test_bad_input_is_refused_with_a_message_and_no_engine_call(session, monkeyp
     assert calls == [] and chat.turns == []
 
 
+def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_it_is_tokenized(session, monkeypatch):
+    import demo.session
+
+    monkeypatch.setattr(demo.session, "chat_ids", lambda *a: pytest.fail("the prompt was tokenized"))
+    cap = session.max_context * MAX_CHARS_PER_TOKEN
+    with pytest.raises(RequestError, match=rf"^The prompt is {cap + 1:,} characters.*\(at most {cap:,}\)"):
+        session.check(Request.of("x" * (cap + 1)))
+    chat = ChatState(turns=[Turn("user", "x" * cap), Turn("assistant", "y")])
+    with pytest.raises(RequestError, match=r"^The conversation is .* characters.*clear the chat"):
+        session.check(Request.of("z"), chat)
+
+
+@pytest.mark.parametrize("prompt, words", [("hi \ud800", r"lone surrogate '\\ud800' at character 3"),
+                                           (42, "must be text, not int"), (None, "must be text, not NoneType"),
+                                           (["hi"], "must be text, not list")])
+def test_a_prompt_that_is_not_utf8_text_is_refused_with_a_sentence(session, prompt, words):
+    with pytest.raises(RequestError, match=words):
+        session.check(Request.of(prompt))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_cuda_graph_mode_is_refused_on_cpu_with_the_reason(session):
     assert "CUDA" in session.cudagraph_unavailable()
@@ -146,6 +166,36 @@ def test_a_reply_cut_short_by_stop_is_marked_stopped(session):
     assert "(stopped)" in render_chat(chat)
     chat = session.add_user_turn(chat, Request.of("again"))  # the conversation goes on
     assert chat.turns[-1].role == "user"
+
+
+def test_a_reply_cut_inside_a_multibyte_character_never_ends_in_part_of_one(predictable, monkeypatch):
+    """The budget can stop a reply after the first byte of "é" (the byte tokenizer's ids for C3 A9):
+    the reply ends before that character, never in a replacement character."""
+    first_byte = predictable.tokenizer("é")["input_ids"][0]
+    generate = Engine.generate
+
+    def cut_inside_a_character(engine, ids, gen):
+        events = list(generate(engine, ids, gen))
+        last = events[-1]
+        events[-1] = dataclasses.replace(last, token_ids=last.token_ids[:-1] + [first_byte])
+        yield from events
+
+    monkeypatch.setattr(Engine, "generate", cut_inside_a_character)
+    turn = list(predictable.generate(Request.of("hi", method="eagle", max_new_tokens=6)))[-1].chat.turns[-1]
+    assert turn.pieces[-1].token_id == first_byte and len(turn.pieces) == 6
+    assert turn.text == "a" * 5 == "".join(p.text for p in turn.pieces)
+
+
+def test_flush_holds_back_a_character_the_last_tokens_left_incomplete():
+    from demo.chat import IncrementalDecoder
+    from tests.tiny_chat import byte_tokenizer
+
+    tok = byte_tokenizer()
+    for text in ("hé", "a😀", "你好"):
+        ids = tok(text)["input_ids"][:-1]  # the last character loses its last byte
+        decoder = IncrementalDecoder(tok, window=2)
+        pieces = [decoder.push(i) for i in ids] + [decoder.flush()]
+        assert "".join(pieces) == text[:-1] and "\ufffd" not in "".join(pieces)
 
 
 def test_chat_state_is_deep_copyable(session):
