@@ -47,7 +47,7 @@ from typing import Mapping, Sequence
 import torch
 
 from demo.drafter_common import DrafterBase, DrafterConfig
-from demo.hub import HUB_ID, HubError, HubRepo, gigabytes
+from demo.hub import HUB_ID, HubError, HubRepo, cached_snapshot, gigabytes
 from demo.layers import rope_inv_freq
 from demo.methods import DRAFTER_CLASSES, dtype_label
 
@@ -461,6 +461,9 @@ def fetch_hub_drafter(repo_id: str, max_bytes: int) -> Path:
     try:
         repo = HubRepo.open(repo_id)
     except HubError as e:
+        cached = cached_snapshot(repo_id)  # offline: a drafter fetched before loads from the hub cache
+        if cached is not None:
+            return cached
         raise DrafterLoadError(f"drafter: {repo_id!r} {e}, or pass a local directory") from None
     where = repr(repo_id)
     try:

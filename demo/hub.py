@@ -75,6 +75,17 @@ class HubRepo:
             raise HubError(f"{name}: not valid JSON in {self.repo_id!r} ({_first_line(e)})") from None
 
 
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The hub cache's snapshot of a repository fetched before (nothing is downloaded), or None."""
+    import huggingface_hub
+
+    try:
+        path = Path(huggingface_hub.snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # not cached, or no hub at all
+        return None
+    return path if (path / "config.json").is_file() else None
+
+
 def _first_line(e: Exception) -> str:
     s = str(e).strip()
     return s.splitlines()[0][:200] if s else type(e).__name__

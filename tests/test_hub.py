@@ -47,8 +47,11 @@ class FakeHub:
         shutil.copy(self.repo / filename, self.snapshot / filename)
         return str(self.snapshot / filename)
 
-    def everything(self, *args, **kwargs):
-        raise AssertionError("snapshot_download fetches a whole repository")
+    def everything(self, repo_id, *, local_files_only=False, **kwargs):
+        assert local_files_only, "snapshot_download fetches a whole repository"
+        if not (self.snapshot / "config.json").is_file():
+            raise FileNotFoundError(f"{repo_id} is not in the cache")
+        return str(self.snapshot)  # the cache only: what earlier fetches left there
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +90,25 @@ def test_a_hub_drafter_fetches_its_config_first_then_only_the_weights_its_layout
     assert hub.fetched == needed
     got, want = own_state(loaded), own_state(ref)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_offline_a_hub_drafter_fetched_before_loads_from_the_cache_and_one_never_fetched_is_refused(
+        tmp_path, llama, monkeypatch):
+    hf, target = llama
+    ref, needed = sharded_with_extras(tmp_path / "repo", target)
+    hub = FakeHub(monkeypatch, tmp_path / "repo", tmp_path / "cache")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("offline")
+
+    with monkeypatch.context() as m:
+        m.setattr(huggingface_hub, "model_info", offline)
+        with pytest.raises(DrafterLoadError, match=r"^drafter: 'owner/head' could not be listed"):
+            load_drafter("owner/head", target)
+    load_drafter("owner/head", target)  # online: fetched into the cache
+    monkeypatch.setattr(huggingface_hub, "model_info", offline)
+    got, want = own_state(load_drafter("owner/head", target)), own_state(ref)
+    assert all(torch.equal(got[k], want[k]) for k in want) and hub.fetched == needed  # nothing fetched offline
 
 
 def test_a_hub_drafter_over_the_size_limit_is_refused_before_any_weight_is_fetched(tmp_path, llama, monkeypatch):
