@@ -108,6 +108,17 @@ def css(driver, selector: str) -> list:
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+def usable(driver, selector: str, timeout: float = 60):
+    """The first element matching selector once it is shown and enabled, scrolled into view (an
+    element that exists before the page has finished laying out refuses keys and clicks)."""
+    def ready():
+        shown = [e for e in css(driver, selector) if e.is_displayed() and e.is_enabled()]
+        if shown:
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", shown[0])
+        return shown
+    return wait_for(ready, timeout, f"{selector} to be usable")[0]
+
+
 def tree_step(driver) -> int:
     """The step whose tree the tree view shows (0: none yet), read from the figure's title."""
     titles = css(driver, "#sl-plot-tree .js-plotly-plot .gtitle")
@@ -120,9 +131,8 @@ def bundled_drafters_exist() -> bool:
 
 
 def type_and_generate(driver, prompt: str) -> None:
-    box = wait_for(lambda: css(driver, "#sl-prompt textarea"), 60, "the prompt box")[0]
-    box.send_keys(prompt)
-    css(driver, "#sl-generate")[0].click()
+    usable(driver, "#sl-prompt textarea").send_keys(prompt)
+    usable(driver, "#sl-generate").click()
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +158,7 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
 
     driver.get(app_url)
     prompt = "Hi <b>there</b> {{name}}! Write a long story about a robot who learns to paint."
-    budget = wait_for(lambda: css(driver, "#sl-max-new input[type=number]"), 60, "the max new tokens box")[0]
+    budget = usable(driver, "#sl-max-new input[type=number]")
     budget.clear()
     budget.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)  # long enough that Stop lands mid-reply on a fast machine
     type_and_generate(driver, prompt)

@@ -347,6 +347,9 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
     return metrics, grad_norm, int(mask.sum()), tokens.numel()
 
 
+STAGES = ("batch", "target_forward", "drafter_forward_and_loss", "backward", "optimizer")  # a step's record_functions
+
+
 def _profiler(run: Run):
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.target.device.type == "cuda" else [])
     p = profile(activities=activities, schedule=profiler_schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP,
@@ -362,8 +365,13 @@ def _write_profile(p, run: Run) -> None:
     p.stop()
     on = "device" if run.target.device.type == "cuda" else "cpu"
     table = p.key_averages()
+    stages = {e.key: e for e in table if e.key in STAGES}
+    by_stage = "\n".join(f"{name:<26} {stages[name].cpu_time_total / 1e3:10.1f} ms cpu"
+                         + (f" {stages[name].device_time_total / 1e3:10.1f} ms device" if on == "device" else "")
+                         for name in STAGES if name in stages)
     text = (f"{PROFILE_ACTIVE} training steps after {PROFILE_WAIT + PROFILE_WARMUP}, {run.args.method}, "
-            f"{run.target.device}\n\nby total {on} time\n" + table.table(sort_by=f"{on}_time_total", row_limit=30)
+            f"{run.target.device}\n\nby stage\n{by_stage}\n\nby total {on} time\n"
+            + table.table(sort_by=f"{on}_time_total", row_limit=30)
             + f"\n\nby self {on} time\n" + table.table(sort_by=f"self_{on}_time_total", row_limit=30) + "\n")
     if run.dist.is_main:
         (Path(run.args.out) / "profile.txt").write_text(text)
