@@ -1,20 +1,26 @@
 """Drafter checkpoints: read every published EAGLE / EAGLE-3 layout, check it against the target
-before use, and save this project's drafters in the layout vLLM and SGLang load as they are.
+before use, and save this project's drafters so that vLLM (>= 0.11) and SGLang (>= 0.5.2) load them;
+where one checkpoint cannot serve both, ``python -m demo.export_drafter`` writes each engine's.
 
 Layouts read (``architectures`` in config.json first, weight names second):
 
 - EAGLE-1 (yuhuili/EAGLE-LLaMA3.1-Instruct-8B): ``LlamaForCausalLM``, ``num_hidden_layers`` 1,
   ``bias``; ``fc`` [H, 2H] (+ ``fc.bias``), ``layers.0.*`` without input norm, no final norm, no
-  lm_head; an ``embed_tokens`` copy of the target's is skipped (the target's is used).
+  lm_head; an ``embed_tokens`` copy of the target's is skipped (the target's is used). SpecLens
+  saves ``["LlamaForCausalLMEagle", "LlamaForCausalLM"]``: SGLang takes the first name it knows
+  (its EAGLE-1 class), vLLM prefixes each with ``Eagle`` and takes the first it knows
+  (``EagleLlamaForCausalLM``). ``fc.bias`` is read when present, whatever ``bias`` says: SGLang's
+  EAGLE-1 fc always has a bias, and vLLM and SGLang both read ``bias`` as the attention's biases.
 - EAGLE-3 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): ``LlamaForCausalLM`` + ``draft_vocab_size``, no
   ``rope_theta`` (so 10000, not the target's); ``fc`` [H, 3H], ``midlayer.*``, ``norm``,
   ``lm_head`` [Vd, H], ``d2t`` [Vd] offsets, ``t2d`` [V] mask.
 - SpecForge / vLLM (``LlamaForCausalLMEagle3``): EAGLE-3 names, maybe under ``model.``, single or
   sharded safetensors, ``eagle_config.eagle_aux_hidden_state_layer_ids`` and ``target_hidden_size``
   (then ``fc`` is [H, 3*Ht] and the checkpoint carries its own ``embed_tokens``).
-- Shared-head EAGLE-3 (nvidia/gpt-oss-120b-Eagle3): no ``lm_head``, no ``d2t`` and no
-  ``draft_vocab_size``; it drafts over the full vocabulary through the target's lm_head (vLLM shares
-  a head the checkpoint lacks, SGLang one whose config has no ``draft_vocab_size``).
+- Shared-head EAGLE-3 (nvidia/gpt-oss-120b-Eagle3): no ``lm_head``, no ``d2t``, ``draft_vocab_size``
+  null or absent; it drafts over the full vocabulary through the target's lm_head. SGLang shares
+  the target's head only when the key is there and null; vLLM 0.11.0 when the head's shape is the
+  target's, 0.11.1+ when the checkpoint has none (0.10.2 reads the key with no default).
 - speculators (``Eagle3Speculator``): layer sizes in ``transformer_layer_config``, EAGLE-3 extras at
   the top level, ``layers.0.*`` for ``midlayer.*`` (mapped as vLLM's ``load_weights`` does), and
   ``norm_before_residual`` true unless it says otherwise (vLLM's default for this format).
@@ -25,8 +31,10 @@ lm_head for every draft step costs more than the head itself, the drafter projec
 only (FR-Spec); on a GPU it drafts over the full vocabulary. ``load_drafter(..., hot_tokens="on"
 | "off")`` overrides the choice.
 
-Aux layer ids mean "the residual stream entering target layer i", as vLLM reads them (SGLang adds 1
-to ids it finds in a config; with no ids both engines use (2, L//2, L-3)).
+Aux layer ids: a DrafterConfig holds "the residual stream entering target layer i" (HF
+``hidden_states[i]``, index 0 the embedding output), and a config.json's ids are read by the
+convention of the tool that writes that field (AUX_ID_FIELDS). With no ids, every engine and
+trainer uses (2, L//2, L-3) in that sense.
 
 Every refusal is a ``DrafterLoadError`` with a one-line message that names the field and both values.
 Weights come from safetensors, or from ``.bin`` through ``torch.load(weights_only=True)``; remote
@@ -40,7 +48,7 @@ import math
 import os
 import pickle
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -51,17 +59,36 @@ from demo.hub import HUB_ID, HubError, HubRepo, cached_snapshot, gigabytes
 from demo.layers import rope_inv_freq
 from demo.methods import DRAFTER_CLASSES, dtype_label
 
-__all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter_config", "write_hot_tokens"]
+__all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter", "read_drafter_config",
+           "read_aux_layer_ids", "write_hot_tokens"]
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCHITECTURES = ("Eagle3Speculator",)
-EAGLE_ARCHITECTURES = ("EagleLlamaForCausalLM",)
+EAGLE_ARCHITECTURES = ("LlamaForCausalLMEagle", "EagleLlamaForCausalLM")  # SGLang's EAGLE-1 class, vLLM's
 # Published heads reuse the target family's class name; EAGLE-1 or EAGLE-3 is told by the weights.
 EITHER_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 SUPPORTED_ARCHITECTURES = EAGLE3_ARCHITECTURES + SPECULATORS_ARCHITECTURES + EAGLE_ARCHITECTURES + EITHER_ARCHITECTURES
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
+# EAGLE-1 as saved: SGLang takes the first name it knows, vLLM the first it knows once prefixed with
+# "Eagle" (EagleLlamaForCausalLMEagle is no class; EagleLlamaForCausalLM is)
+SAVED_EAGLE_ARCHITECTURES = ["LlamaForCausalLMEagle", "LlamaForCausalLM"]
 SAVED_MAX_POSITIONS = 8192  # written for other engines, which size the drafter's RoPE by it (vLLM #48894)
 HOT_TOKENS_FILE = "hot_tokens.json"  # a shared-head EAGLE-3's most frequent target tokens (read by SpecLens only)
+
+# Where a config.json names EAGLE-3 aux layers, who writes that field, and what its ids mean, as an
+# offset to "the stream entering layer i" (HF hidden_states[i]); the first field present wins.
+# - speclens.aux_layer_ids: this project's saver, exact; null (the target default) yields to the others.
+# - eagle_aux_hidden_state_layer_ids (top level): speculators writes it (scripts/launch_vllm.py: default
+#   [2, L//2, L-3], "the layer id directly") and vLLM >= 0.11.1 reads it first, capturing the stream
+#   entering layer i (llama.py: `if idx in aux_hidden_state_layers` before running layer idx).
+# - eagle_config.eagle_aux_hidden_state_layer_ids: SpecForge writes it (default [1, L//2-1, L-4],
+#   "capture layer id L == hidden_states[L+1]") and SGLang reads it, capturing the stream entering
+#   layer i + 1 (llama.py set_eagle3_layers_to_capture: `val + 1`): the output of layer i.
+AUX_ID_FIELDS = (
+    ("speclens.aux_layer_ids", "SpecLens", 0),
+    ("eagle_aux_hidden_state_layer_ids", "vLLM / speculators", 0),
+    ("eagle_config.eagle_aux_hidden_state_layer_ids", "SGLang / SpecForge", 1),
+)
 
 
 class DrafterLoadError(ValueError):
@@ -198,14 +225,11 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
         attention_bias=bool(layer_cfg.get("attention_bias")) or _has_bias(canon, method),
         own_embedding="embed_tokens.weight" in canon and (bool(speclens.get("own_embedding")) or target_hidden != H),
     )
-    if method == "eagle":
-        return DrafterConfig(**cfg, fc_bias=bool(layer_cfg.get("bias", False)))
-    warnings = []
-    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
-        or config.get("eagle_aux_hidden_state_layer_ids")
-    if aux is None and "aux_layer_ids" in speclens:
-        aux = speclens["aux_layer_ids"]  # this project's own drafters: null means the target default
-    elif aux is None and target is not None:
+    if method == "eagle":  # the EAGLE repo's `bias` is the fc's; SGLang's layout carries fc.bias without it
+        return DrafterConfig(**cfg, fc_bias=bool(layer_cfg.get("bias", False)) or "fc.bias" in canon)
+    named = read_aux_layer_ids(config)
+    aux, warnings = named.ids, list(named.warnings)
+    if named.field is None and target is not None:
         aux = target.config.default_aux_layers()
         warnings.append(f"the checkpoint names no aux layers (eagle_aux_hidden_state_layer_ids): using the target "
                         f"default {list(aux)}; if acceptance is near zero, the head was trained on other layers")
@@ -221,6 +245,39 @@ def _drafter_config(config: dict, canon: dict, method: str, speculators: bool, t
     return DrafterConfig(**cfg, draft_vocab_size=int(draft_vocab), own_lm_head=own_head,
                          target_hidden_size=target_hidden, aux_layer_ids=None if aux is None else tuple(aux),
                          norm_before_residual=bool(norm_before_residual), warnings=warnings)
+
+
+@dataclass(frozen=True)
+class AuxLayerIds:
+    """EAGLE-3 aux layers as a config.json names them."""
+
+    ids: tuple[int, ...] | None  # the streams entering these target layers; None: the target default
+    field: str | None = None  # the config field read (None: no field names any)
+    written: tuple[int, ...] | None = None  # the ids as that field holds them
+    writer: str = ""  # whose convention that field follows (AUX_ID_FIELDS)
+    warnings: tuple[str, ...] = ()
+
+
+def read_aux_layer_ids(config: dict) -> AuxLayerIds:
+    """The aux layers a config.json names, each field read by the convention of the tool that writes
+    it (AUX_ID_FIELDS), the first one present winning; an empty list counts as absent, as in vLLM, and
+    our own null ("the target default") only where no engine's field names layers."""
+    found = []
+    for name, writer, offset in AUX_ID_FIELDS:
+        scope, _, key = name.rpartition(".")
+        holder = config.get(scope) if scope else config
+        if isinstance(holder, dict) and holder.get(key):
+            found.append((name, writer, tuple(holder[key]), offset))
+    if not found:
+        said_default = isinstance(config.get("speclens"), dict) and "aux_layer_ids" in config["speclens"]
+        return AuxLayerIds(None, "speclens.aux_layer_ids" if said_default else None)
+    name, writer, written, offset = found[0]
+    ids = tuple(i + offset for i in written)
+    warnings = [f"{name} {list(written)} ({writer}) and {other} {list(other_written)} ({other_writer}) name "
+                f"different target layers; SpecLens reads the first"
+                for other, other_writer, other_written, other_offset in found[1:]
+                if tuple(i + other_offset for i in other_written) != ids]
+    return AuxLayerIds(ids, name, written, writer, tuple(warnings))
 
 
 def _check_unsupported(config: dict, layer_cfg: dict, canon: dict, method: str, speculators: bool) -> None:
@@ -280,11 +337,12 @@ def _architecture(config: dict) -> str:
     if not archs:
         raise DrafterLoadError(f"architectures: missing from config.json "
                                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    arch = archs[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise DrafterLoadError(f"architectures: config.json has {arch!r}, not a drafter SpecLens reads "
+    known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]  # the first one known, as SGLang and vLLM take it
+    if not known:
+        shown = repr(archs[0]) if len(archs) == 1 else repr(archs)
+        raise DrafterLoadError(f"architectures: config.json has {shown}, not a drafter SpecLens reads "
                                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    return arch
+    return known[0]
 
 
 def _detect_method(arch: str, speculators: bool, config: dict, shapes: dict) -> str:
@@ -386,12 +444,16 @@ def _check_target(cfg: DrafterConfig, config: dict, canon: dict, target) -> None
         raise DrafterLoadError(f"vocab_size: drafter {cfg.vocab_size}, target {t.vocab_size}")
     if cfg.aux_layer_ids is not None:
         ids = list(cfg.aux_layer_ids)
+        named = read_aux_layer_ids(config)
+        where = named.field or "eagle_aux_hidden_state_layer_ids"
+        said = f"{list(named.written)}" if named.written is not None else f"{ids}"
+        if named.written is not None and list(named.written) != ids:
+            said += f" ({named.writer}: the outputs of those layers, i.e. the streams entering layers {ids})"
         bad = [i for i in ids if not 0 <= i <= t.num_layers]
         if bad:
-            raise DrafterLoadError(f"eagle_aux_hidden_state_layer_ids: {ids} has {bad[0]}, outside the target's "
-                                   f"layers 0..{t.num_layers}")
+            raise DrafterLoadError(f"{where}: {said} has {bad[0]}, outside the target's layers 0..{t.num_layers}")
         if len(ids) != 3:
-            raise DrafterLoadError(f"eagle_aux_hidden_state_layer_ids: {len(ids)} ids {ids}, an EAGLE-3 fc reads 3")
+            raise DrafterLoadError(f"{where}: {len(ids)} ids {said}, an EAGLE-3 fc reads 3")
 
 
 def _expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -567,6 +629,16 @@ def read_checkpoint(d: Path, where: str | None = None) -> tuple[dict, dict[str, 
     return config, tensors
 
 
+def read_drafter(d: str | os.PathLike) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
+    """A local drafter directory's DrafterConfig and tensors (CPU, as stored) under the drafter
+    module's names, without a target (for converting checkpoints): an embed_tokens copy of the
+    target's and the d2t/t2d of a full vocabulary are left out, as load_drafter leaves them out."""
+    path = Path(d)
+    config, tensors = read_checkpoint(path)
+    plan = _plan(config, {k: tuple(v.shape) for k, v in tensors.items()}, None)
+    return plan.cfg, {new: tensors[old] for old, new in plan.rename.items()}
+
+
 def _first_line(e: Exception) -> str:
     s = str(e).strip()
     return s.splitlines()[0][:200] if s else type(e).__name__
@@ -678,22 +750,26 @@ def _embedding_note(ckpt: torch.Tensor, target_weight: torch.Tensor) -> str | No
 
 
 # ---------------------------------------------------------------------------------------- saving
-def save_drafter(drafter, out_dir: str | os.PathLike, max_shard_bytes: int = 9_500_000) -> Path:
-    """Write `drafter` as config.json + safetensors in the published layout of its method (EAGLE-3:
-    ``LlamaForCausalLMEagle3``; EAGLE-1: ``LlamaForCausalLM``), sharded with
-    ``model.safetensors.index.json`` so that every file stays within `max_shard_bytes` (a Hugging
-    Face Space takes files under 10 MB without LFS). Tensors keep their dtype; loading is exact.
+def save_drafter(drafter, out_dir: str | os.PathLike, max_shard_bytes: int = 9_500_000, *,
+                 target_layers: int | None = None) -> Path:
+    """Write `drafter` as config.json + safetensors (config_json says which fields each engine
+    reads), sharded with ``model.safetensors.index.json`` so that every file stays within
+    `max_shard_bytes` (a Hugging Face Space takes files under 10 MB without LFS). Tensors keep their
+    dtype; loading is exact. What one checkpoint cannot give both engines (an EAGLE-1 fc.bias, which
+    SGLang needs and vLLM refuses) is written by ``python -m demo.export_drafter``.
 
-    Aux layer ids go into ``eagle_config`` when the drafter has explicit ones. A drafter on the
-    target default (aux_layer_ids None) writes none: vLLM and SGLang read explicit ids one layer
-    apart, but agree on the default (2, L//2, L-3).
+    target_layers: the target's layer count; aux ids equal to its default (2, L//2, L-3) are then
+    saved as the default, which every engine reads alike, and written nowhere.
     """
+    cfg = drafter.cfg
+    if target_layers is not None and cfg.aux_layer_ids == (2, target_layers // 2, target_layers - 3):
+        cfg = replace(cfg, aux_layer_ids=None, warnings=[])
     out = Path(out_dir)
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.state_dict().items()
                if not k.startswith("_target")}  # borrowed target modules are never saved
     dtype = next(t.dtype for k, t in tensors.items() if t.is_floating_point())
     write_weights(tensors, out, max_shard_bytes)
-    (out / "config.json").write_text(json.dumps(_config_json(drafter.cfg, dtype), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config_json(cfg, dtype), indent=2) + "\n")
     return out
 
 
@@ -748,7 +824,13 @@ def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, t
     return shards
 
 
-def _config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+def config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
+    """config.json for vLLM >= 0.11 and SGLang >= 0.5.2 (tests/test_interop.py re-implements how each
+    reads it). EAGLE-1: both architecture names (see SAVED_EAGLE_ARCHITECTURES) and `bias` false,
+    which both engines read as the attention's biases (an fc bias travels as the fc.bias tensor).
+    EAGLE-3: `draft_vocab_size` always present, null for a head sharing the target's lm_head (SGLang
+    reads the attribute without a default); aux ids only when not the target default, then in both
+    engines' fields, each in its engine's convention (AUX_ID_FIELDS), and in ours."""
     common = {
         "model_type": "llama", "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
@@ -762,16 +844,17 @@ def _config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
     speclens = {"method": cfg.method, "aux_layer_ids": list(cfg.aux_layer_ids) if cfg.aux_layer_ids else None,
                 "own_embedding": cfg.own_embedding}
     if cfg.method == "eagle":
-        return {"architectures": ["LlamaForCausalLM"], **common, "bias": cfg.fc_bias, "speclens": speclens}
-    config = {"architectures": ["LlamaForCausalLMEagle3"], **common}
-    if cfg.own_lm_head:  # a shared head writes none: SGLang then takes the target's lm_head (vLLM: none saved)
-        config["draft_vocab_size"] = cfg.draft_vocab_size
+        return {"architectures": list(SAVED_EAGLE_ARCHITECTURES), **common, "bias": False, "speclens": speclens}
+    config = {"architectures": ["LlamaForCausalLMEagle3"], **common,
+              "draft_vocab_size": cfg.draft_vocab_size if cfg.own_lm_head else None}
     if cfg.target_hidden_size != cfg.hidden_size:
         config["target_hidden_size"] = cfg.target_hidden_size
     if cfg.norm_before_residual:
         config["norm_before_residual"] = True
     if cfg.aux_layer_ids is not None:
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-                                  "use_aux_hidden_state": True}
+        ids = list(cfg.aux_layer_ids)
+        config["eagle_aux_hidden_state_layer_ids"] = ids  # vLLM >= 0.11.1: the streams entering these layers
+        if min(ids) >= 1:  # SGLang adds 1 to these; the embedding output (0) has no SGLang id
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids]}
     config["speclens"] = speclens
     return config

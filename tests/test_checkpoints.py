@@ -57,11 +57,13 @@ def published_eagle3(drafter, target):
 
 
 def specforge(drafter, target):
-    """SpecForge / vLLM: LlamaForCausalLMEagle3, eagle_config ids, target_hidden_size, `model.` prefix."""
+    """SpecForge / vLLM: LlamaForCausalLMEagle3, eagle_config ids, target_hidden_size, `model.` prefix.
+    SpecForge writes ids as SGLang reads them, outputs of layers: the stream entering layer i is id i - 1
+    (SpecForge specforge/algorithms/model_providers.py default [1, L//2 - 1, L - 4])."""
     cfg = drafter.cfg
     config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(cfg, rope_theta=cfg.rope_theta),
               "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}}
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids]}}
     tensors = {(k if k.startswith(("lm_head", "d2t", "t2d")) else "model." + k): v
                for k, v in own_state(drafter).items()}
     return config, tensors
@@ -183,9 +185,10 @@ def test_shared_head_eagle3_without_lm_head_drafts_through_the_targets(tmp_path)
     assert not loaded.cfg.own_lm_head and loaded.d2t is None and loaded.cfg.draft_vocab_size == 256
     assert loaded.lm_head is target.lm_head
     assert_same_drafter_and_lossless(loaded, ref, hf, target)
-    # saved back as it came: no lm_head, and no draft_vocab_size (SGLang then takes the target's head)
+    # saved back as it came: no lm_head, and draft_vocab_size null (SGLang then takes the target's head)
     out = save_drafter(loaded, tmp_path / "saved")
-    assert "draft_vocab_size" not in json.loads((out / "config.json").read_text())
+    saved = json.loads((out / "config.json").read_text())
+    assert "draft_vocab_size" in saved and saved["draft_vocab_size"] is None
     assert load_drafter(out, target).cfg.to_dict() == loaded.cfg.to_dict()
     with pytest.raises(ValueError, match="full vocabulary"):  # a reduced vocabulary needs a head of its own
         tiny_drafter("eagle3", target, draft_vocab_size=64, own_lm_head=False)
@@ -321,7 +324,8 @@ def test_saved_eagle3_config_is_the_layout_vllm_and_sglang_read(tmp_path):
     config = json.loads((save_drafter(ref, tmp_path / "d") / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 64 and config["vocab_size"] == 256
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]  # vLLM's field: the streams entering layers
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]  # SGLang's: it adds 1
     assert "target_hidden_size" not in config and config["torch_dtype"] == "float32"
     from safetensors import safe_open
 
@@ -401,8 +405,11 @@ REFUSALS = [
      "t2d:", ["300", "256"]),
     ("d2t outside the vocabulary", _edited(_eagle3, _d2t_out_of_range), {}, "d2t:", ["300", "[0, 256)"]),
     ("aux layer outside the target",
-     _edited(_eagle3, lambda c, t: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 9]})), {},
-     "eagle_aux_hidden_state_layer_ids:", ["9", "0..8"]),
+     _edited(_eagle3, lambda c, t: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 9])), {},
+     "eagle_aux_hidden_state_layer_ids:", ["[2, 4, 9]", "has 9", "0..8"]),
+    ("SpecForge aux layer past the target's last (output of layer 8 of 0..7)",
+     _edited(_eagle3, lambda c, t: c.update(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 8]})), {},
+     "eagle_config.eagle_aux_hidden_state_layer_ids:", ["[2, 4, 8]", "[3, 5, 9]", "has 9", "0..8"]),
     ("missing weight", _edited(_eagle3, lambda c, t: t.pop("midlayer.hidden_norm.weight")), {},
      "missing weights: midlayer.hidden_norm.weight", []),
     ("reduced vocabulary without lm_head", _edited(_eagle3, lambda c, t: t.pop("lm_head.weight")), {},

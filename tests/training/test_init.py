@@ -29,7 +29,7 @@ def test_resume_keeps_the_runs_feature_layers(tmp_path):
     resumed = train_cli(target_dir, data_dir, tmp_path / "r", "eagle3", "--max-steps", "2", "--resume")
     assert list(resumed["drafter"]["config"]["aux_layer_ids"]) == [1, 3, 5]
     saved = json.loads((tmp_path / "r" / "config.json").read_text())
-    assert saved["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert saved["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]  # vLLM's field; SGLang's eagle_config holds [0, 2, 4]
     with pytest.raises(SystemExit, match="aux layers"):
         train_cli(target_dir, data_dir, tmp_path / "r", "eagle3", "--max-steps", "3", "--resume",
                   "--aux-layers", "2,3,4")
