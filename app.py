@@ -3,9 +3,11 @@
     python app.py                       # the embedded default (SmolLM2-135M-Instruct), GPU if there is one
     python app.py --preset "Qwen3-8B"   # another preset of demo/presets.py
     python app.py --target DIR --eagle3-drafter DIR
+    python app.py --public              # as on a Space: presets only, per-visitor limits (demo/hosting.py)
 
+Public when SPACE_ID is set (a Hugging Face Space), local otherwise; --public / --local choose.
 Honours GRADIO_SERVER_NAME / GRADIO_SERVER_PORT. Launch and wiring only: the UI is demo/views.py,
-the models and requests demo/session.py.
+the models and requests demo/session.py, the hosting limits demo/hosting.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-context", type=int, default=2048, help="tokens of context (KV cache size)")
     p.add_argument("--no-warmup", action="store_true", help="skip the tiny warm-up generation")
     p.add_argument("--share", action="store_true", help="also serve through a public Gradio link")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--public", dest="public", action="store_true", default=None,
+                      help="presets only, limits per visitor (the default when SPACE_ID is set)")
+    mode.add_argument("--local", dest="public", action="store_false",
+                      help="everything, your own models too (the default otherwise)")
     return p.parse_args(argv)
 
 
@@ -57,12 +64,15 @@ def main(argv=None) -> None:
     if not args.no_warmup:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
+    from demo.hosting import QUEUE_MAX_SIZE, Hosting
     from demo.views import CSS_PATH, build_demo
 
-    demo = build_demo(session)
-    demo.queue(default_concurrency_limit=1)
-    print(f"[speclens] ready after {time.perf_counter() - start:.1f} s on {session.describe()['device']}", flush=True)
-    demo.launch(share=args.share, css_paths=[CSS_PATH])
+    hosting = Hosting.choose(args.public)
+    demo = build_demo(session, hosting)
+    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
+    print(f"[speclens] ready after {time.perf_counter() - start:.1f} s on {session.describe()['device']}, "
+          f"{'public' if hosting.public else 'local'}", flush=True)
+    demo.launch(share=args.share, css_paths=[CSS_PATH], **hosting.launch_options(demo))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from demo.checkpoints import DrafterLoadError
 from demo.methods import DRAFT_METHODS
 
@@ -28,6 +30,18 @@ class Preset:
     target: str  # "default" (the embedded SmolLM2), a hub id or a local directory
     eagle: str | Path | None
     eagle3: str | Path | None
+    gpu_gb: float | None = None  # None: runs on a CPU; else it needs a GPU with this many GB (bf16 weights)
+
+    def unavailable(self, device: torch.device) -> str | None:
+        """Why this preset cannot run on `device` (a short reason), or None when it can."""
+        if self.gpu_gb is None:
+            return None
+        if device.type != "cuda":
+            return f"needs a GPU with {self.gpu_gb:g} GB"
+        total = torch.cuda.get_device_properties(device).total_memory / 1e9
+        if total < self.gpu_gb:
+            return f"needs a GPU with {self.gpu_gb:g} GB; this one has {total:.0f} GB"
+        return None
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -72,6 +86,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         target="meta-llama/Llama-3.1-8B-Instruct",
         eagle="yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
         eagle3="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        gpu_gb=20,  # 16 GB of bf16 weights, two drafter heads, the KV cache and activations
     ),
     Preset(
         # The pair vLLM tests EAGLE-3 on (tests/v1/e2e/test_spec_decode.py: "Qwen/Qwen3-8B",
@@ -80,6 +95,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         target="Qwen/Qwen3-8B",
         eagle=None,
         eagle3="AngelSlim/Qwen3-8B_eagle3",
+        gpu_gb=20,  # 16.4 GB of bf16 weights, the drafter head, the KV cache and activations
     ),
 )}
 DEFAULT_PRESET = "SmolLM2-135M-Instruct (embedded)"

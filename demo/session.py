@@ -6,6 +6,10 @@ objects onto components, render.py and figures.py draw them.
   are made on first use per (mode, method) and share the target (and its KV cache: one generation
   at a time); a new drafter reaches its engines through ``Engine.set_drafter``, so the target is
   not reloaded. ``Session.switch`` replaces the whole ``Models`` at once, after it has loaded.
+- ``ModelCache`` holds the loaded ``Models`` by preset name, shared read-only by every visitor of
+  the app; a visitor's choice of preset only picks the entry its own requests use. Past a memory
+  budget the least recently used entry goes, never the default (the models the app started with).
+- ``Session`` is the requests on one ``Models``: cheap to make per request (``Session(models)``).
 - ``Request`` is one generation's settings: method, mode, compare, and the engine's
   ``GenerationConfig``; ``Session.check`` refuses bad input with a ``RequestError`` (shown to the
   user) before any engine call.
@@ -15,7 +19,9 @@ objects onto components, render.py and figures.py draw them.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -49,6 +55,12 @@ TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOK
 MAX_CHARS_PER_TOKEN = 32
 
 Progress = Callable[[float, str], None]  # (fraction done, what is happening)
+
+# Memory the ModelCache may hold (weights and KV caches of every entry), by device kind: on a CPU
+# the embedded default is the only preset that fits anyway; on a GPU a fraction of its memory, so
+# activations and CUDA graphs keep the rest.
+MODEL_CACHE_BYTES = {"cpu": 4 * 2**30}
+MODEL_CACHE_GPU_FRACTION = 0.75
 
 
 class RequestError(ValueError):
@@ -134,14 +146,20 @@ def random_drafter(method: str, target: Target):
 class Models:
     """One target and a drafter per method, loaded together, with the engines made for them."""
 
-    def __init__(self, hf_model, tokenizer, *, name: str, target_spec: str, max_context: int):
+    def __init__(self, hf_model, tokenizer, drafters: dict | None = None, *, name: str, target_spec: str,
+                 max_context: int, drafter_labels: dict | None = None):
         self.tokenizer, self.name, self.target_spec = tokenizer, name, target_spec
         self.target = Target(hf_model)
+        self.max_context_asked = max_context
         self.max_context = min(max_context, self.target.config.max_position_embeddings)
+        # how more models like these load (the device and dtype as asked: "auto" stays "auto")
+        self.load_args = dict(device=str(self.device), dtype=dtype_label(self.target.dtype))
         self._engines: dict[tuple[str, str], Engine] = {}
         self.drafters: dict = {m: None for m in DRAFT_METHODS}
         self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
         self.drafter_warnings: dict[str, list[str]] = {m: [] for m in DRAFT_METHODS}
+        for method, drafter in (drafters or {}).items():
+            self.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
 
     @property
     def warnings(self) -> list[str]:
@@ -164,6 +182,18 @@ class Models:
         """The methods a request can use now: the target alone, and each loaded drafter."""
         return ["none"] + [m for m in DRAFT_METHODS if self.drafters[m] is not None]
 
+    @property
+    def nbytes(self) -> int:
+        """Memory these models hold: weights (shared storage counted once) and the KV cache."""
+        tensors = [*self.target.hf.parameters(), *self.target.hf.buffers()]
+        for drafter in self.drafters.values():
+            if isinstance(drafter, torch.nn.Module):
+                tensors += [*drafter.parameters(), *drafter.buffers()]
+        cache = getattr(self.target, "cache", None)
+        tensors += [t for t in vars(cache).values() if isinstance(t, torch.Tensor)] if cache is not None else []
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
+
     def engine(self, method: str, mode: str) -> Engine:
         key = (mode, method)
         if key not in self._engines:
@@ -179,15 +209,11 @@ class Models:
 
 
 class Session:
-    """The loaded models and the requests on them; one generation at a time (the app's concurrency is 1)."""
+    """The requests on one ``Models``; one generation at a time (the app's engine concurrency is 1).
+    Cheap to make: ``Session(models)`` per request over a shared ``ModelCache`` entry."""
 
-    def __init__(self, hf_model, tokenizer, drafters: dict | None = None, *, name: str = "custom",
-                 target_spec: str = "", max_context: int = 2048, drafter_labels: dict | None = None):
-        self.models = Models(hf_model, tokenizer, name=name, target_spec=target_spec, max_context=max_context)
-        self.max_context_asked = max_context
-        self.load_args = dict(device=str(self.models.device), dtype=dtype_label(self.models.target.dtype))
-        for method, drafter in (drafters or {}).items():
-            self.models.set_drafter(method, drafter, (drafter_labels or {}).get(method, "custom"))
+    def __init__(self, models: Models):
+        self.models = models
 
     # the loaded models, read through the session
     name = property(lambda self: self.models.name)
@@ -223,8 +249,8 @@ class Session:
         say = progress or (lambda f, d: None)
         say(0.0, f"loading target {choice.target}")
         hf, tok = load_target(choice.target, device, dtype)
-        session = cls(hf, tok, name=choice.name, target_spec=choice.target, max_context=max_context)
-        session.load_args = dict(device=device, dtype=dtype)
+        session = cls(Models(hf, tok, name=choice.name, target_spec=choice.target, max_context=max_context))
+        session.models.load_args = dict(device=device, dtype=dtype)
         session.load_drafters(choice, progress=say)
         return session
 
@@ -236,7 +262,8 @@ class Session:
             warnings = self.load_drafters(choice, progress)
             self.models.name = choice.name
             return warnings
-        fresh = Session.load(choice, max_context=self.max_context_asked, progress=progress, **self.load_args)
+        fresh = Session.load(choice, max_context=self.models.max_context_asked, progress=progress,
+                             **self.models.load_args)
         self.models = fresh.models  # every model at once, after everything loaded
         return self.warnings
 
@@ -464,6 +491,94 @@ class Session:
         reason = {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done")
         return (f"done ({reason}): {s.num_generated} tokens in {s.num_steps + 1} target forwards, "
                 f"{s.tokens_per_s:.1f} tokens/s")
+
+
+def cache_budget(device: torch.device) -> int:
+    """The ModelCache's memory budget on `device` (MODEL_CACHE_BYTES, MODEL_CACHE_GPU_FRACTION)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * MODEL_CACHE_GPU_FRACTION)
+    return MODEL_CACHE_BYTES["cpu"]
+
+
+class ModelCache:
+    """Loaded ``Models`` by name (a preset's), shared read-only by every visitor: a visitor's choice
+    only picks which entry its own requests use. Past `budget_bytes` the least recently used entry
+    goes, never the default (the models the app started with) nor the one just asked for; before a
+    load, entries go until `expected_bytes(name)` fits beside the rest.
+
+    `load(name, progress)` makes the Models of a name. Loads run one at a time: the app calls `get`
+    from its engine queue only (and `peek`, which never loads, from elsewhere)."""
+
+    def __init__(self, default: Models, load: Callable[[str, Progress | None], Models], budget_bytes: int,
+                 expected_bytes: Callable[[str], int] = lambda name: 0):
+        self.default_name = default.name
+        self.budget_bytes = budget_bytes
+        self._load, self._expected = load, expected_bytes
+        self._entries: OrderedDict[str, Models] = OrderedDict({default.name: default})  # least recent first
+        self._sizes = {default.name: default.nbytes}
+        self._lock = threading.Lock()  # guards the two dicts (peek runs beside the engine queue)
+
+    @classmethod
+    def for_session(cls, session: Session) -> "ModelCache":
+        """The cache of an app started on `session`: presets load with its device, dtype and context."""
+        from demo.presets import PRESETS
+
+        models = session.models
+
+        def load(name: str, progress: Progress | None = None) -> Models:
+            return Session.load(preset_choice(name), max_context=models.max_context_asked, progress=progress,
+                                **models.load_args).models
+
+        def expected(name: str) -> int:
+            preset = PRESETS.get(name)
+            return int(preset.gpu_gb * 1e9) if preset and preset.gpu_gb and session.device.type == "cuda" else 0
+
+        return cls(models, load, cache_budget(session.device), expected)
+
+    def get(self, name: str, progress: Progress | None = None) -> Models:
+        """The Models of `name`, loaded now if not cached (then the least recently used may go)."""
+        with self._lock:
+            if name in self._entries:
+                self._entries.move_to_end(name)
+                return self._entries[name]
+            self._evict(keep=name, room=self._expected(name))
+        models = self._load(name, progress)
+        self.put(name, models)
+        return models
+
+    def put(self, name: str, models: Models) -> None:
+        """Cache `models` as `name` (the most recently used), then keep to the budget."""
+        with self._lock:
+            self._entries[name] = models
+            self._entries.move_to_end(name)
+            self._sizes[name] = models.nbytes
+            self._evict(keep=name)
+
+    def peek(self, name: str) -> Models | None:
+        """The Models of `name` if cached: no load, no change of order."""
+        with self._lock:
+            return self._entries.get(name)
+
+    def session(self, name: str, progress: Progress | None = None) -> Session:
+        return Session(self.get(name, progress))
+
+    def names(self) -> list[str]:
+        """The cached names, least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def _evict(self, keep: str, room: int = 0) -> None:
+        """Drop the least recently used entries (never the default nor `keep`) while the cache and
+        `room` more bytes pass the budget. Caller holds the lock."""
+        for name in [n for n in self._entries if n not in (self.default_name, keep)]:
+            if sum(self._sizes.values()) + room <= self.budget_bytes:
+                return
+            del self._entries[name], self._sizes[name]
 
 
 def _check_number(name: str, value, lo, hi) -> None:

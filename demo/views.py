@@ -1,7 +1,13 @@
 """The Gradio UI: layout builders that return components, then one block that registers listeners.
 
 Handlers only translate between components and demo/session.py (which owns models, engines and
-request checks); figures come from demo/figures.py and HTML from demo/render.py.
+request checks); figures come from demo/figures.py and HTML from demo/render.py; demo/hosting.py
+says what a public app leaves out and limits.
+
+Each visitor's preset lives in their own gr.State (``Controls.model``) and picks the entry of the
+shared ``ModelCache`` their requests use; nothing a visitor does changes another's models. In local
+mode "Your own models" loads a target or drafters for that visitor too (a new drafter for the same
+target changes the shared models in place: local mode is one trusted user).
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_lengt
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
+from demo.hosting import Hosting
+from demo.presets import PRESETS
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape
-from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelChoice, Request, RequestError, Session,
-                          panel_stats, preset_choice, preset_names)
+from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelCache, ModelChoice, Request, RequestError,
+                          Session, panel_stats, preset_names)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -48,6 +56,7 @@ class Controls:
     """The components the listeners read and write."""
 
     chat: gr.State
+    model: gr.State  # the name of the visitor's models (a preset's): a ModelCache key
     conversation: gr.HTML
     legend: gr.HTML
     prompt: gr.Textbox
@@ -58,10 +67,6 @@ class Controls:
     comparison: gr.HTML
     notices: gr.HTML
     preset: gr.Dropdown
-    target_spec: gr.Textbox
-    eagle_spec: gr.Textbox
-    eagle3_spec: gr.Textbox
-    load: gr.Button
     method: gr.Radio
     mode: gr.Radio
     num_spec_tokens: gr.Slider
@@ -82,6 +87,11 @@ class Controls:
     throughput: gr.Plot
     tree: gr.Plot
     tree_step: gr.Slider
+    # "Your own models": local mode only (public mode neither builds them nor registers their events)
+    target_spec: gr.Textbox | None = None
+    eagle_spec: gr.Textbox | None = None
+    eagle3_spec: gr.Textbox | None = None
+    load: gr.Button | None = None
 
     @property
     def settings(self) -> set:
@@ -152,6 +162,12 @@ def default_method(session: Session) -> str:
     return session.methods()[-1]  # EAGLE-3 when loaded, else EAGLE, else target only
 
 
+def preset_options(device) -> list[tuple[str, str]]:
+    """(label, name) of each preset; one that cannot run on `device` says why in its label."""
+    return [(name + (f" (unavailable: {why})" if (why := PRESETS[name].unavailable(device)) else ""), name)
+            for name in preset_names()]
+
+
 # ---------------------------------------------------------------------- layout
 def build_chat_column(k: int) -> dict:
     legend = gr.HTML(render_legend(k), elem_id="sl-legend")
@@ -170,8 +186,8 @@ def build_chat_column(k: int) -> dict:
                 clear=clear, status=status, comparison=comparison)
 
 
-def build_settings(session: Session) -> dict:
-    preset = gr.Dropdown(preset_names(), value=session.name if session.name in preset_names() else None,
+def build_settings(session: Session, hosting: Hosting) -> dict:
+    preset = gr.Dropdown(preset_options(session.device), value=session.name if session.name in PRESETS else None,
                          label="Model preset", elem_id="sl-preset")
     method = gr.Radio(method_choices(session), value=default_method(session), label="Drafting method",
                       elem_id="sl-method")
@@ -205,6 +221,15 @@ def build_settings(session: Session) -> dict:
                      elem_id="sl-seed")
     compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
                           info="then run the same prompt without drafts: speedup, and at T = 0 a token-identity check")
+    settings = dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
+                    tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
+                    draft_sampling=draft_sampling, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens, seed=seed, compare=compare)
+    return settings if hosting.public else {**settings, **build_custom_models(session)}
+
+
+def build_custom_models(session: Session) -> dict:
+    """Local mode only: a target and drafters by path or hub id."""
     with gr.Accordion("Your own models", open=False, elem_id="sl-custom"):
         gr.Markdown("A local directory or a Hugging Face hub id (owner/name). An empty field keeps what is "
                     "loaded; a new drafter does not reload the target.", elem_classes=["sl-caption"])
@@ -212,11 +237,7 @@ def build_settings(session: Session) -> dict:
         eagle_spec = gr.Textbox(label="EAGLE drafter", elem_id="sl-eagle-spec")
         eagle3_spec = gr.Textbox(label="EAGLE-3 drafter", elem_id="sl-eagle3-spec")
         load = gr.Button("Load", elem_id="sl-load")
-    return dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
-                tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
-                draft_sampling=draft_sampling, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                seed=seed, compare=compare, target_spec=target_spec, eagle_spec=eagle_spec, eagle3_spec=eagle3_spec,
-                load=load)
+    return dict(target_spec=target_spec, eagle_spec=eagle_spec, eagle3_spec=eagle3_spec, load=load)
 
 
 def build_chart(name: str, figure) -> gr.Plot:
@@ -235,9 +256,9 @@ def build_tree_panel() -> dict:
     return dict(tree=tree, tree_step=tree_step)
 
 
-def build_layout(session: Session) -> Controls:
+def build_layout(session: Session, hosting: Hosting) -> Controls:
     with gr.Sidebar(open=True, width=340, elem_id="sl-sidebar"):
-        settings = build_settings(session)
+        settings = build_settings(session, hosting)
     gr.Markdown(read_asset("intro.md"), elem_id="sl-intro")
     with gr.Accordion("What am I looking at?", open=True, elem_id="sl-explainer"):
         gr.Markdown(read_asset("explainer.md"))
@@ -252,16 +273,33 @@ def build_layout(session: Session) -> Controls:
         with gr.Column(scale=5, elem_id="sl-charts"):
             tree_parts = build_tree_panel()
             plots = {name: build_chart(name, figure) for name, figure in empty.items()}
-    return Controls(chat=gr.State(ChatState()), notices=notices, stats=stats, **chat_parts, **settings, **plots,
-                    **tree_parts)
+    return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), notices=notices, stats=stats,
+                    **chat_parts, **settings, **plots, **tree_parts)
 
 
 # ---------------------------------------------------------------------- listeners
-def register_listeners(c: Controls, session: Session) -> None:
+def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None:
+    def visitor_session(name: str) -> Session:
+        """The visitor's models, from the engine queue only (a preset evicted since loads again)."""
+        try:
+            return cache.session(name)
+        except Exception as e:  # a failed load: the message says why
+            raise RequestError(f"Could not load {name}: {e}. Choose a preset.") from None
+
+    def shown_session(name: str) -> Session:
+        """The visitor's models for display only: never loads (the default if they are not cached)."""
+        return Session(cache.peek(name) or cache.peek(cache.default_name))
+
+    def checked(session: Session, prompt: str, values: dict) -> Request:
+        request = c.request(prompt, values)
+        hosting.check_work(request, session.device)
+        return request
+
     def user(values: dict):
         """Fast first half: check the request and show the user's turn (no engine call)."""
         try:
-            chat = session.add_user_turn(values[c.chat], c.request(values[c.prompt], values))
+            session = visitor_session(values[c.model])
+            chat = session.add_user_turn(values[c.chat], checked(session, values[c.prompt], values))
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
         return {c.chat: chat, c.conversation: render_chat(chat), c.prompt: "", c.comparison: "",
@@ -271,9 +309,10 @@ def register_listeners(c: Controls, session: Session) -> None:
         """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most
         every FIGURE_INTERVAL_S."""
         chat = values[c.chat]
-        request = c.request(chat.turns[-1].text if chat.turns else "", values)
         last_text = last_figures = 0.0
         try:
+            session = visitor_session(values[c.model])
+            request = checked(session, chat.turns[-1].text if chat.turns else "", values)
             for update in session.reply(chat, request):
                 now = time.monotonic()
                 if not update.done and now - last_text < TEXT_INTERVAL_S:
@@ -302,41 +341,56 @@ def register_listeners(c: Controls, session: Session) -> None:
         return {c.chat: chat, c.conversation: render_chat(chat),
                 c.status: status_html("stopped", "done") if running else gr.skip()}
 
-    def clear():
+    def clear(model):
         chat = ChatState()
         return {c.chat: chat, c.conversation: render_chat(chat), c.status: "", c.comparison: "",
-                c.stats: render_stats(panel_stats(session, None), DEFINITIONS),
-                **dict(zip(c.plots, figures_of(None))), c.tree: tree_view(session, None),
+                c.stats: render_stats(panel_stats(shown_session(model), None), DEFINITIONS),
+                **dict(zip(c.plots, figures_of(None))), c.tree: tree_view(shown_session(model), None),
                 c.tree_step: tree_step_update(None)}
 
-    def loaded(message: str) -> dict:
-        return {c.method: gr.update(choices=method_choices(session), value=default_method(session)),
+    def loaded(session: Session, message: str) -> dict:
+        return {c.model: session.name, c.method: gr.update(choices=method_choices(session),
+                                                           value=default_method(session)),
                 c.notices: notices_html(session), c.status: status_html(message, "done"),
                 c.stats: render_stats(panel_stats(session, None), DEFINITIONS)}
 
-    def load_preset(name, progress=gr.Progress()):
-        try:
-            session.switch(preset_choice(name), progress=lambda f, d: progress(f, desc=d))
-        except Exception as e:  # a failed load leaves the previous models in place
-            raise gr.Error(f"Could not load {name}: {e}", print_exception=False) from None
-        return loaded(f"Loaded {name}.")
+    def refused(message: str, model: str) -> dict:
+        """The visitor keeps their models: the dropdown goes back to them, the status says why."""
+        gr.Warning(message)
+        return {c.preset: gr.update(value=model if model in PRESETS else None), c.status: status_html(message)}
 
-    def load_custom(target, eagle, eagle3, progress=gr.Progress()):
-        target = (target or "").strip() or session.target_spec
-        drafters = {m: s.strip() for m, s in (("eagle", eagle or ""), ("eagle3", eagle3 or "")) if s.strip()}
-        name = session.name if target == session.target_spec else Path(target).name or target
-        choice = ModelChoice(name=name, target=target, drafters=drafters, fallback=False)
+    def choose_preset(name, model, progress=gr.Progress()):
+        """This visitor's models become the preset's (loaded, or shared from the cache)."""
+        preset = PRESETS.get(name)
+        why = preset.unavailable(shown_session(model).device) if preset else "not a preset"
+        if why:
+            return refused(f"{name} is unavailable here: {why}.", model)
         try:
-            session.switch(choice, progress=lambda f, d: progress(f, desc=d))
+            models = cache.get(name, progress=lambda f, d: progress(f, desc=d))
+        except Exception as e:  # a failed load leaves the visitor's models as they were
+            return refused(f"Could not load {name}: {e}", model)
+        return loaded(Session(models), f"Loaded {name}.")
+
+    def load_custom(target, eagle, eagle3, model, progress=gr.Progress()):
+        """Local mode: this visitor's models become the target and drafters named (kept in the cache)."""
+        try:
+            session = visitor_session(model)
+            target = (target or "").strip() or session.target_spec
+            drafters = {m: s.strip() for m, s in (("eagle", eagle or ""), ("eagle3", eagle3 or "")) if s.strip()}
+            name = session.name if target == session.target_spec else Path(target).name or target
+            session.switch(ModelChoice(name=name, target=target, drafters=drafters, fallback=False),
+                           progress=lambda f, d: progress(f, desc=d))
         except Exception as e:
             raise gr.Error(f"Could not load: {e}", print_exception=False) from None
-        return loaded(f"Loaded {name}" + (f" with drafters {', '.join(drafters.values())}." if drafters else "."))
+        cache.put(session.name, session.models)
+        return loaded(session, f"Loaded {name}" + (f" with drafters {', '.join(drafters.values())}." if drafters
+                                                   else "."))
 
     def legend(k):
         return render_legend(int(k))
 
-    def show_tree(chat, step):
-        return tree_view(session, chat.trace, step)
+    def show_tree(chat, step, model):
+        return tree_view(shown_session(model), chat.trace, step)
 
     def shape_options(shape):
         return gr.Column(visible=shape == "tree")
@@ -344,10 +398,10 @@ def register_listeners(c: Controls, session: Session) -> None:
     ui = dict(api_visibility="private")
     engine = dict(concurrency_id=ENGINE, **ui)
     # user() waits for the engine too, so a second Generate never edits a chat that is still streaming
-    first = dict(fn=user, inputs={c.prompt, c.chat, *c.settings},
+    first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
                  outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **engine)
-    then = dict(fn=bot, inputs={c.chat, *c.settings}, outputs=[c.chat, c.conversation, c.status, c.stats,
-                                                                  c.comparison, *c.plots, c.tree, c.tree_step],
+    then = dict(fn=bot, inputs={c.chat, c.model, *c.settings},
+                outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step],
                 show_progress="hidden", **engine)
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
     # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
@@ -355,20 +409,22 @@ def register_listeners(c: Controls, session: Session) -> None:
     c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status],
                                                   **engine)
     c.clear.click(None, cancels=runs, **ui).then(
-        clear, outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree, c.tree_step],
-        **engine)
-    loads = [c.method, c.notices, c.status, c.stats]
-    c.preset.input(load_preset, inputs=[c.preset], outputs=loads, **engine)
-    c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec], outputs=loads, **engine)
+        clear, inputs=[c.model],
+        outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree, c.tree_step], **engine)
+    loads = [c.model, c.method, c.notices, c.status, c.stats]
+    c.preset.input(choose_preset, inputs=[c.preset, c.model], outputs=[c.preset, *loads], **engine)
+    if c.load is not None:  # local mode only: public mode registers no event that names a path or a hub id
+        c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec, c.model], outputs=loads,
+                     **engine)
     c.num_spec_tokens.change(legend, inputs=[c.num_spec_tokens], outputs=[c.legend], queue=False, **ui)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], queue=False, **ui)
     # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)
-    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step], outputs=[c.tree], trigger_mode="always_last",
+    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree], trigger_mode="always_last",
                       show_progress="hidden", **ui)
 
 
-def register_api(session: Session) -> None:
-    """The programmatic endpoint /generate (a contract: keep these names)."""
+def register_api(cache: ModelCache, hosting: Hosting) -> None:
+    """The programmatic endpoint /generate (a contract: keep these names), on the app's default models."""
 
     d, g = DEFAULT_REQUEST, DEFAULT_REQUEST.gen
 
@@ -385,7 +441,9 @@ def register_api(session: Session) -> None:
         request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=num_spec_tokens,
                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                              tree=tree, draft_sampling=draft_sampling)
+        session = cache.session(cache.default_name)
         try:
+            hosting.check_work(request, session.device)
             for update in session.generate(request):
                 reply = update.chat.turns[-1]
                 yield {"html": render_chat(update.chat), "text": reply.text if reply.role == "assistant" else "",
@@ -397,10 +455,12 @@ def register_api(session: Session) -> None:
     gr.api(generate, api_name="generate", concurrency_id=ENGINE)
 
 
-def build_demo(session: Session) -> gr.Blocks:
+def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache | None = None) -> gr.Blocks:
+    """The app on `session`'s models (the default every visitor starts with); other presets load
+    into `cache` (by default one made for `session`) when a visitor chooses them."""
+    cache = cache or ModelCache.for_session(session)
     with gr.Blocks(title="SpecLens: watch speculative decoding", fill_width=True) as demo:
-        controls = build_layout(session)
-        register_listeners(controls, session)
-        register_api(session)
+        controls = build_layout(session, hosting)
+        register_listeners(controls, cache, hosting)
+        register_api(cache, hosting)
     return demo
-

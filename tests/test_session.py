@@ -238,3 +238,42 @@ def test_the_default_preset_falls_back_visibly_while_its_drafters_are_not_built(
     warnings = s.load_drafters(choice)
     assert all(s.drafter_labels[m] == RANDOM_INIT for m in ("eagle", "eagle3"))
     assert len(warnings) == 2 and all("not built yet" in w and "random-init" in w for w in warnings)
+
+
+class Sized:
+    """A stand-in for Models in the cache: a name and a size (the cache reads nothing else)."""
+
+    def __init__(self, name: str, nbytes: int):
+        self.name, self.nbytes = name, nbytes
+
+
+def test_model_cache_evicts_the_least_recently_used_past_its_budget_never_the_default():
+    from demo.session import ModelCache
+
+    loads = []
+
+    def load(name, progress=None):
+        loads.append(name)
+        return Sized(name, 100)
+
+    cache = ModelCache(Sized("default", 100), load, budget_bytes=300, expected_bytes=lambda n: 150 if n == "big" else 0)
+    assert cache.get("a") is cache.get("a") and loads == ["a"]  # loaded once, then shared
+    cache.get("b")
+    cache.get("a")  # a is now more recent than b
+    cache.get("c")  # 400 bytes: b, the least recently used, goes
+    assert cache.names() == ["default", "a", "c"] and cache.nbytes == 300
+    cache.get("big")  # room for its expected 150 bytes first: a, then c go; the default stays
+    assert cache.names() == ["default", "big"] and loads == ["a", "b", "c", "big"]
+    tight = ModelCache(Sized("default", 500), load, budget_bytes=50)
+    tight.get("a")
+    assert tight.names() == ["default", "a"]  # never the default, nor the models just asked for
+    assert tight.peek("z") is None and "z" not in loads  # peek never loads
+
+
+def test_models_count_their_weights_and_kv_cache_once():
+    s = tiny_session()
+    weights = sum(p.numel() * p.element_size() for p in s.target.hf.parameters())  # tied: listed once
+    before = s.models.nbytes
+    assert before >= weights
+    list(s.generate(Request.of("hi", max_new_tokens=2)))  # the engine allocates the KV cache
+    assert s.models.nbytes > before

@@ -14,7 +14,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from demo.session import Session
+from demo.session import Models, Session
 from tests.tiny import tiny_drafter, tiny_target
 
 SPECIALS = ("<|im_start|>", "<|im_end|>")
@@ -50,7 +50,7 @@ def byte_tokenizer():
     return tok
 
 
-def tiny_session(*, predictable: bool = False, max_context: int = 512) -> Session:
+def tiny_session(*, predictable: bool = False, max_context: int = 512, name: str = "tiny") -> Session:
     """A Session over a tiny random Llama (vocabulary 258) with random EAGLE and EAGLE-3 drafters.
     With `predictable`, the target's lm_head is zero: it always emits id 0 ("a"), and EAGLE-1,
     which shares that lm_head, always drafts it."""
@@ -59,4 +59,4 @@ def tiny_session(*, predictable: bool = False, max_context: int = 512) -> Sessio
         with torch.no_grad():
             hf.lm_head.weight.zero_()
     drafters = {m: tiny_drafter(m, target) for m in ("eagle", "eagle3")}
-    return Session(hf, byte_tokenizer(), drafters, name="tiny", target_spec="tiny", max_context=max_context)
+    return Session(Models(hf, byte_tokenizer(), drafters, name=name, target_spec=name, max_context=max_context))
