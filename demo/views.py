@@ -37,6 +37,7 @@ CSS_PATH = ASSETS / "style.css"
 TEXT_INTERVAL_S = 1 / 30  # the text refreshes every step, but at most 30 times a second (GPU steps take ms)
 FIGURE_INTERVAL_S = 0.25  # the charts refresh at most this often while streaming
 ENGINE = "engine"  # concurrency group of everything that touches the models: one at a time
+PROMPT_HINT = "Ask something, then press Generate or Shift+Enter (Enter starts a new line)"
 DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
     ("pointmass: top choices, accepted with p", "pointmass"),
     ("q: drawn from q, accepted with min(1, p/q)", "q"),
@@ -173,7 +174,8 @@ def build_chat_column(k: int) -> dict:
     legend = gr.HTML(render_legend(k), elem_id="sl-legend")
     conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation")
     with gr.Row(elem_id="sl-input-row"):
-        prompt = gr.Textbox(placeholder="Ask something, then press Generate (Shift+Enter for a new line)",
+        # lines > 1: Gradio's textbox inserts a newline on Enter and submits on Shift+Enter
+        prompt = gr.Textbox(placeholder=PROMPT_HINT,
                             show_label=False, lines=2, max_lines=8, scale=5, elem_id="sl-prompt")
         with gr.Column(scale=1, min_width=130):
             generate = gr.Button("Generate", variant="primary", elem_id="sl-generate")

@@ -229,6 +229,22 @@ def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
     assert "EAGLE" in css(driver, "#sl-method")[0].text  # the loaded drafters are still offered
 
 
+def test_prompt_hint_says_what_enter_and_shift_enter_do(app_url, driver):
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(app_url)
+    box = usable(driver, "#sl-prompt textarea")
+    hint = box.get_attribute("placeholder")
+    box.send_keys("first line", Keys.ENTER, "second line")  # Enter: a new line, nothing sent
+    time.sleep(1.0)
+    assert box.get_attribute("value") == "first line\nsecond line" and not css(driver, "#sl-conversation .sl-turn")
+    assert "Enter starts a new line" in hint and "Shift+Enter for a new line" not in hint
+    box.send_keys(Keys.SHIFT, Keys.ENTER)  # Shift+Enter: sends, as the hint says
+    wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the turn Shift+Enter sent")
+    assert "Shift+Enter" in hint
+    css(driver, "#sl-stop")[0].click()
+
+
 def _has_cuda() -> bool:
     try:
         import torch
