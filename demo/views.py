@@ -29,8 +29,8 @@ from demo.render import escape, render_chat, render_comparison, render_legend, r
 from demo.hosting import Hosting
 from demo.presets import PRESETS
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape
-from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelCache, ModelChoice, Request, RequestError,
-                          Session, panel_stats, preset_names)
+from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
+                          RequestError, Session, panel_stats, preset_names)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -169,6 +169,14 @@ def preset_options(device) -> list[tuple[str, str]]:
             for name in preset_names()]
 
 
+def compare_options(method: str) -> dict:
+    """The comparison checkbox's state for `method`: off for target only, which is the baseline."""
+    if method == "none":
+        return dict(interactive=False, info=f"not for target only: {NO_COMPARISON}")
+    return dict(interactive=True, info="then run the same prompt without drafts: speedup, and at T = 0 a "
+                "token-identity check")
+
+
 # ---------------------------------------------------------------------- layout
 def build_chat_column(k: int) -> dict:
     legend = gr.HTML(render_legend(k), elem_id="sl-legend")
@@ -222,7 +230,7 @@ def build_settings(session: Session, hosting: Hosting) -> dict:
     seed = gr.Number(gen.seed, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
                      elem_id="sl-seed")
     compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
-                          info="then run the same prompt without drafts: speedup, and at T = 0 a token-identity check")
+                          **compare_options(method.value))
     settings = dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
                     tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
                     draft_sampling=draft_sampling, temperature=temperature, top_p=top_p,
@@ -394,6 +402,9 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     def show_tree(chat, step, model):
         return tree_view(shown_session(model), chat.trace, step)
 
+    def method_options(method):
+        return gr.update(**compare_options(method))
+
     def shape_options(shape):
         return gr.Column(visible=shape == "tree")
 
@@ -419,6 +430,7 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec, c.model], outputs=loads,
                      **engine)
     c.num_spec_tokens.change(legend, inputs=[c.num_spec_tokens], outputs=[c.legend], queue=False, **ui)
+    c.method.change(method_options, inputs=[c.method], outputs=[c.compare], queue=False, **ui)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], queue=False, **ui)
     # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)
     c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree], trigger_mode="always_last",

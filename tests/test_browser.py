@@ -245,6 +245,16 @@ def test_prompt_hint_says_what_enter_and_shift_enter_do(app_url, driver):
     css(driver, "#sl-stop")[0].click()
 
 
+def test_compare_is_off_for_target_only(app_url, driver):
+    driver.get(app_url)
+    box = wait_for(lambda: css(driver, "#sl-compare input"), 60, "the compare checkbox")[0]
+    assert box.is_enabled()
+    usable(driver, "#sl-method label")
+    next(e for e in css(driver, "#sl-method label") if e.text.lower().startswith("target only")).click()
+    wait_for(lambda: not css(driver, "#sl-compare input")[0].is_enabled(), 30, "the compare checkbox to turn off")
+    assert "not for target only" in css(driver, "#sl-compare")[0].text
+
+
 def _has_cuda() -> bool:
     try:
         import torch

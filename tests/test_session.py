@@ -138,6 +138,12 @@ def test_compare_with_target_only_at_t0_reports_token_identical(session):
     assert c.speedup == pytest.approx(c.speculative_tokens_per_s / c.baseline_tokens_per_s)
 
 
+def test_compare_does_not_run_for_target_only_and_the_status_says_why(session):
+    final = list(session.generate(Request.of("hi", method="none", max_new_tokens=8, compare=True)))[-1]
+    assert final.done and final.chat.comparison is None  # no 0.75x "lossless" of the target against itself
+    assert "no comparison: target only is the target-only baseline itself" in final.status
+
+
 def test_compare_at_positive_temperature_makes_no_identity_claim(session):
     final = list(session.generate(Request.of("hi", temperature=0.7, max_new_tokens=8, compare=True)))[-1]
     assert final.chat.comparison.identical is None and not final.chat.comparison.greedy
