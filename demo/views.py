@@ -396,14 +396,25 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         return loaded(session, f"Loaded {name}" + (f" with drafters {', '.join(drafters.values())}." if drafters
                                                    else "."))
 
-    def legend(k):
-        return render_legend(int(k))
+    def k_changed(k):
+        """The legend for k; a k typed out of range is refused in a sentence (the box then puts its
+        value back in range). Reads the raw value: Gradio's own bounds check would log a traceback."""
+        lo, hi = LIMITS["num_spec_tokens"]
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not lo <= k <= hi or k != int(k):
+            message = f"k = {k} is not allowed: k is a whole number from {lo} to {hi}."
+            gr.Warning(message)
+            return {c.legend: gr.skip(), c.status: status_html(message)}
+        return {c.legend: render_legend(int(k)), c.status: gr.skip()}
 
     def show_tree(chat, step, model):
         return tree_view(shown_session(model), chat.trace, step)
 
     def method_options(method):
         return gr.update(**compare_options(method))
+
+    def k_released(evt: gr.EventData):
+        """On leaving the number box, which sends the typed value, then clamps it to the slider's range."""
+        return k_changed(evt._data)
 
     def shape_options(shape):
         return gr.Column(visible=shape == "tree")
@@ -429,7 +440,9 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     if c.load is not None:  # local mode only: public mode registers no event that names a path or a hub id
         c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec, c.model], outputs=loads,
                      **engine)
-    c.num_spec_tokens.change(legend, inputs=[c.num_spec_tokens], outputs=[c.legend], queue=False, **ui)
+    c.num_spec_tokens.change(k_changed, inputs=[c.num_spec_tokens], outputs=[c.legend, c.status], queue=False,
+                             preprocess=False, **ui)
+    c.num_spec_tokens.release(k_released, outputs=[c.legend, c.status], queue=False, **ui)
     c.method.change(method_options, inputs=[c.method], outputs=[c.compare], queue=False, **ui)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], queue=False, **ui)
     # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)

@@ -255,6 +255,19 @@ def test_compare_is_off_for_target_only(app_url, driver):
     assert "not for target only" in css(driver, "#sl-compare")[0].text
 
 
+def test_k_typed_out_of_range_is_refused_with_a_sentence(app_url, driver):
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(app_url)
+    k = usable(driver, "#sl-k input[type=number]")
+    k.send_keys(Keys.CONTROL, "a")
+    k.send_keys("15", Keys.TAB)
+    wait_for(lambda: "k = 15 is not allowed" in css(driver, "#sl-status")[0].text, 30, "the refusal of k = 15")
+    assert "from 1 to 10" in css(driver, "#sl-status")[0].text
+    log = (ARTIFACTS / "browser_app.log").read_text()
+    assert "Traceback" not in log and "greater than maximum" not in log
+
+
 def _has_cuda() -> bool:
     try:
         import torch
