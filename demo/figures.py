@@ -68,13 +68,13 @@ def _step_ticks(fig: go.Figure, steps: list[int]) -> go.Figure:
 
 
 def acceptance_figure(stats: AcceptanceStats) -> go.Figure:
-    """Bars: acceptance at draft position i (share of steps with at least i+1 drafts accepted)."""
+    """Bars: acceptance at draft 1..k (share of steps whose first i drafts were all accepted)."""
     rates = stats.acceptance_per_position
-    labels = [str(i + 1) for i in range(len(rates))]
+    labels = [f"draft {i}" for i in range(1, len(rates) + 1)]
     fig = go.Figure(go.Bar(x=labels, y=rates, marker_color=[depth_color(i + 1) for i in range(len(rates))],
                            marker_line_color="#555", marker_line_width=0.5, name="acceptance",
-                           hovertemplate="draft token %{x}: accepted in %{y:.0%} of steps<extra></extra>"))
-    _layout(fig, "Acceptance at each draft position", "draft token (depth)", "share of steps",
+                           hovertemplate="%{x}: accepted in %{y:.0%} of steps<extra></extra>"))
+    _layout(fig, "Acceptance at draft 1 .. k", "draft i: the i-th draft token of a step (its depth)", "share of steps",
             hovermode="closest")
     fig.update_yaxes(range=[0, 1], tickformat=".0%")
     return _empty_note(fig, rates, "target only: no drafts")

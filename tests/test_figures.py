@@ -40,7 +40,7 @@ def stats() -> AcceptanceStats:
 def test_acceptance_bars_are_the_share_of_steps_with_at_least_i_plus_1_accepted():
     fig = acceptance_figure(stats())
     (bar,) = fig.data
-    assert list(bar.x) == ["1", "2", "3"]
+    assert list(bar.x) == ["draft 1", "draft 2", "draft 3"]
     assert list(bar.y) == pytest.approx([3 / 4, 2 / 4, 1 / 4])  # >=1: 3 of 4 steps, >=2: 2, >=3: 1
     assert list(bar.marker.color) == [depth_color(1), depth_color(2), depth_color(3)]  # the legend's colours
     assert tuple(fig.layout.yaxis.range) == (0, 1)
