@@ -125,8 +125,7 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
         _row("steps", f'{stats["num_steps"]} (+ prefill, {stats["prefill_ms"]:.0f} ms)',
              "Target forwards after the prefill; each emits accepted drafts + 1 tokens."),
         _row("tokens", str(stats["num_generated"]), "Tokens generated, the prefill's first token included."),
-        _row("method · mode", f'{stats.get("method_label", stats["method"])} · {stats.get("mode_label", stats["mode"])}',
-             ""),
+        _row("method · mode", " · ".join(stats.get(f"{key}_label", stats[key]) for key in ("method", "mode")), ""),
         *([_row("drafts over", f'{stats["draft_vocab"]:,} of {stats["vocab_size"]:,} tokens', d["draft_vocab"])]
           if stats.get("draft_vocab") else []),
         _row("device · dtype", f'{stats["device"]} · {stats["dtype"]}', ""),

@@ -604,6 +604,6 @@ def panel_stats(session: Session, trace: RunTrace | None) -> dict:
     if trace is None:
         return {"device": info["device"], "dtype": info["dtype"]}
     return {**trace.stats.summary(), "method": trace.method, "mode": trace.mode,
-            "method_label": METHOD_LABELS[trace.method], "mode_label": MODE_LABELS[trace.mode], "device": info["device"],
-            "dtype": info["dtype"], "draft_vocab": info["draft_vocab"].get(trace.method),
+            "method_label": METHOD_LABELS[trace.method], "mode_label": MODE_LABELS[trace.mode],
+            "device": info["device"], "dtype": info["dtype"], "draft_vocab": info["draft_vocab"].get(trace.method),
             "vocab_size": info["vocab_size"]}

@@ -421,9 +421,12 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
 
     ui = dict(api_visibility="private")
     engine = dict(concurrency_id=ENGINE, **ui)
-    # user() waits for the engine too, so a second Generate never edits a chat that is still streaming
+    # user() waits for the engine too, so a second Generate never edits a chat that is still streaming.
+    # Neither half shows progress on its outputs: a refusal is the toast alone, since a status tracker
+    # would leave a red "Error" badge over the conversation, the prompt box and the status after it fades.
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **engine)
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], show_progress="hidden",
+                 **engine)
     then = dict(fn=bot, inputs={c.chat, c.model, *c.settings},
                 outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step],
                 show_progress="hidden", **engine)

@@ -268,6 +268,26 @@ def test_k_typed_out_of_range_is_refused_with_a_sentence(app_url, driver):
     assert "Traceback" not in log and "greater than maximum" not in log
 
 
+ERROR_BADGE_HOSTS = ("#sl-conversation", "#sl-prompt", "#sl-status", "#sl-comparison", "#sl-stats", "#sl-legend")
+
+
+def error_badges(driver) -> list[str]:
+    """The hosts showing a status tracker's red "Error" badge (it stays after the toast fades)."""
+    return [host for host in ERROR_BADGE_HOSTS
+            if any(e.is_displayed() and e.text.strip() == "Error" for e in css(driver, f"{host} .error"))]
+
+
+def test_an_input_error_shows_as_a_toast_only_with_no_badges_over_the_page(app_url, driver):
+    driver.get(app_url)
+    usable(driver, "#sl-generate").click()  # empty prompt
+    wait_for(lambda: any("The prompt is empty" in e.text for e in css(driver, ".toast-body")), 30, "the toast")
+    time.sleep(1.0)
+    assert error_badges(driver) == []
+    box = usable(driver, "#sl-prompt textarea")  # what the visitor types next shows and is sent
+    box.send_keys("hello")
+    assert box.is_displayed() and box.get_attribute("value") == "hello"
+
+
 def _has_cuda() -> bool:
     try:
         import torch

@@ -171,7 +171,8 @@ def test_draft_positions_are_numbered_1_to_k_in_the_stats_charts_and_explainer()
              "acceptance_at_0_after_full": 1.0, "steps_after_rejection": 1, "acceptance_at_0_after_rejection": 0.0}
     panel = shown(render_stats(stats, DEFINITIONS)).text
     fig = acceptance_figure(AcceptanceStats(2))
-    shown_words = [panel, *CHART_DEFINITIONS.values(), (Path(__file__).parents[1] / "assets" / "explainer.md").read_text(), fig.layout.title.text,
+    explainer = (Path(__file__).parents[1] / "assets" / "explainer.md").read_text()
+    shown_words = [panel, *CHART_DEFINITIONS.values(), explainer, fig.layout.title.text,
                    fig.layout.xaxis.title.text]
     assert "draft 1: 90% · draft 2: 50%" in panel and "draft 1 after a full · a rejected step" in panel
     for words in shown_words:  # one convention: "draft 1 .. draft k", never vLLM's 0-based "token i"
