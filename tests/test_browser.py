@@ -288,6 +288,31 @@ def test_an_input_error_shows_as_a_toast_only_with_no_badges_over_the_page(app_u
     assert box.is_displayed() and box.get_attribute("value") == "hello"
 
 
+LONG_PROMPT = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(110))  # ~1,300 tokens
+
+
+@pytest.mark.parametrize("size", [(1500, 1900), (412, 915)], ids=["desktop", "phone"])
+def test_long_text_scrolls_inside_the_conversation_box(app_url, driver, size):
+    driver.set_window_size(*size)
+    driver.get(app_url)
+    budget = usable(driver, "#sl-max-new input[type=number]")
+    driver.execute_script("arguments[0].value = '1'; arguments[0].dispatchEvent(new Event('input'));"
+                          "arguments[0].dispatchEvent(new Event('blur'));", budget)
+    box = usable(driver, "#sl-prompt textarea")
+    driver.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input'));",
+                          box, LONG_PROMPT)
+    driver.execute_script("arguments[0].click();", usable(driver, "#sl-generate"))  # the phone's sidebar covers it
+    wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the long turn")
+    time.sleep(1.0)
+    chat = css(driver, "#sl-conversation")[0]
+    bottom = driver.execute_script("return arguments[0].getBoundingClientRect().bottom;", chat)
+    for below in ("#sl-prompt", "#sl-generate", "#sl-status", "#sl-stats"):
+        top = driver.execute_script("return arguments[0].getBoundingClientRect().top;", css(driver, below)[0])
+        assert bottom <= top + 1, f"the conversation spills over {below}"
+    assert driver.execute_script("return arguments[0].scrollHeight > arguments[0].clientHeight + 10 && "
+                                 "['auto', 'scroll'].includes(getComputedStyle(arguments[0]).overflowY);", chat)
+
+
 def _has_cuda() -> bool:
     try:
         import torch
