@@ -49,20 +49,32 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, **extra) -> go.Figure:
 
 
 def _empty_note(fig: go.Figure, points: list, text: str = "no steps yet") -> go.Figure:
+    """An empty chart says why, over axes from 0 (plotly's default empty range starts at -1)."""
     if not points:
         fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                            font=dict(color="#888"))
+        fig.update_xaxes(range=[0, 1])
+        if fig.layout.yaxis.range is None:
+            fig.update_yaxes(range=[0, 1])
     return fig
 
 
+def _step_ticks(fig: go.Figure, steps: list[int]) -> go.Figure:
+    """Whole-number ticks on a step axis: every 1, 2, 5, 10, 20, ... steps, about 10 of them at most
+    (plotly's own choice puts half steps between two steps)."""
+    span = max(steps, default=1)
+    dtick = next(d * 10**e for e in range(12) for d in (1, 2, 5) if d * 10**e * 10 >= span)
+    return fig.update_xaxes(tick0=0, dtick=dtick)
+
+
 def acceptance_figure(stats: AcceptanceStats) -> go.Figure:
-    """Bars: acceptance at draft position i (share of steps with at least i+1 drafts accepted)."""
+    """Bars: acceptance at draft 1..k (share of steps whose first i drafts were all accepted)."""
     rates = stats.acceptance_per_position
-    labels = [str(i + 1) for i in range(len(rates))]
+    labels = [f"draft {i}" for i in range(1, len(rates) + 1)]
     fig = go.Figure(go.Bar(x=labels, y=rates, marker_color=[depth_color(i + 1) for i in range(len(rates))],
                            marker_line_color="#555", marker_line_width=0.5, name="acceptance",
-                           hovertemplate="draft token %{x}: accepted in %{y:.0%} of steps<extra></extra>"))
-    _layout(fig, "Acceptance at each draft position", "draft token (depth)", "share of steps",
+                           hovertemplate="%{x}: accepted in %{y:.0%} of steps<extra></extra>"))
+    _layout(fig, "Acceptance at draft 1 .. k", "draft i: the i-th draft token of a step (its depth)", "share of steps",
             hovermode="closest")
     fig.update_yaxes(range=[0, 1], tickformat=".0%")
     return _empty_note(fig, rates, "target only: no drafts")
@@ -85,6 +97,7 @@ def acceptance_length_figure(points: list[StepPoint]) -> go.Figure:
     k = max((p.num_drafts for p in points), default=0)
     _layout(fig, "Acceptance length per step", "step", "tokens per target forward")
     fig.update_yaxes(range=[0, k + 1.2] if k else None, dtick=1)
+    _step_ticks(fig, steps)
     return _empty_note(fig, steps, "target only: no drafts" if points else "no steps yet")
 
 
@@ -98,6 +111,7 @@ def latency_figure(points: list[StepPoint]) -> go.Figure:
                hovertemplate="verify %{y:.1f} ms<extra></extra>"),
     ])
     _layout(fig, "Draft and verify time per step", "step", "ms", barmode="stack")
+    _step_ticks(fig, steps)
     return _empty_note(fig, steps)
 
 

@@ -15,6 +15,10 @@ Vocabulary (the same words label every chart):
   follow a step whose drafts were all accepted / one that rejected a draft. A step starts where
   the last one stopped, and a rejection marks a place the drafter did not foresee: the split shows
   why acceptance at token 0 falls as k grows (deeper chains start more steps after rejections).
+
+Numbering: the bench (``format_table``) keeps vLLM's 0-based "acceptance at token i"; the app numbers
+draft positions 1..k as a learner reads them, "draft i" being the i-th token of a step's draft (the
+depth its colour shows), so the app's "acceptance at draft i" is vLLM's "acceptance at token i-1".
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ MEAN_ACCEPTANCE_LENGTH = "mean acceptance length"
 DEFINITIONS = {
     "mean_acceptance_length": "Tokens emitted per target forward: 1 + accepted / drafts "
     "(includes the target's own token).",
-    "acceptance_per_position": "Acceptance at token i: share of steps with at least i+1 drafts accepted.",
+    "acceptance_per_position": "Acceptance at draft i (i = 1..k, the i-th draft token of a step): share of "
+    "steps whose first i drafts were all accepted.",
     "tokens_per_s": "Generated tokens per second of engine time (prefill included, UI time excluded).",
     "draft_ms": "Mean time per step spent proposing the k draft tokens.",
     "verify_ms": "Mean time per step spent in the target's verification forward and the acceptance test.",
-    "acceptance_at_0_after": "Acceptance at token 0 over the steps right after a fully accepted step, and "
-    "over those right after a rejection.",
+    "acceptance_at_0_after": "Acceptance at draft 1 (a step's first draft token) over the steps right after a "
+    "fully accepted step, and over those right after a rejection.",
     "draft_vocab": "Target tokens a draft can be: the drafter's draft vocabulary, the whole vocabulary, or (a "
     "head drafting through the target's lm_head, on a CPU) its most frequent tokens; a token outside it is "
     "never drafted, and the output is the target's all the same.",

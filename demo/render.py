@@ -110,11 +110,11 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
         return (f'<div class="sl-stats sl-empty">No generation yet. Running on {escape(stats.get("device", "?"))}, '
                 f'{escape(stats.get("dtype", "?"))}.</div>')
     d = definitions
-    per_pos = " · ".join(f"{i + 1}: {r:.0%}" for i, r in enumerate(stats["acceptance_per_position"])) or "-"
+    per_pos = " · ".join(f"draft {i}: {r:.0%}" for i, r in enumerate(stats["acceptance_per_position"], 1)) or "-"
     rows = [
         _row("mean acceptance length", f'{stats["mean_acceptance_length"]:.2f}', d["mean_acceptance_length"]),
-        _row("acceptance at each token", per_pos, d["acceptance_per_position"]),
-        *([_row("token 0 after a full · a rejected step",
+        _row("acceptance at draft 1 .. k", per_pos, d["acceptance_per_position"]),
+        *([_row("draft 1 after a full · a rejected step",
                 " · ".join("-" if r is None else f"{r:.0%}" for r in (stats["acceptance_at_0_after_full"],
                                                                        stats["acceptance_at_0_after_rejection"])),
                 d["acceptance_at_0_after"])]
@@ -125,7 +125,7 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
         _row("steps", f'{stats["num_steps"]} (+ prefill, {stats["prefill_ms"]:.0f} ms)',
              "Target forwards after the prefill; each emits accepted drafts + 1 tokens."),
         _row("tokens", str(stats["num_generated"]), "Tokens generated, the prefill's first token included."),
-        _row("method · mode", f'{stats["method"]} · {stats["mode"]}', ""),
+        _row("method · mode", " · ".join(stats.get(f"{key}_label", stats[key]) for key in ("method", "mode")), ""),
         *([_row("drafts over", f'{stats["draft_vocab"]:,} of {stats["vocab_size"]:,} tokens', d["draft_vocab"])]
           if stats.get("draft_vocab") else []),
         _row("device · dtype", f'{stats["device"]} · {stats["dtype"]}', ""),

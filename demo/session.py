@@ -63,6 +63,9 @@ MODEL_CACHE_BYTES = {"cpu": 4 * 2**30}
 MODEL_CACHE_GPU_FRACTION = 0.75
 
 
+NO_COMPARISON = "target only is the target-only baseline itself"
+
+
 class RequestError(ValueError):
     """Bad input; the message is shown to the user and no engine was called."""
 
@@ -428,9 +431,12 @@ class Session:
             turn.pieces[-1].text += tail
             turn.text += tail
         turn.state = "done"
-        if request.compare:
+        status = self._done_status(chat)
+        if request.compare and k:
             yield from self._compare(chat, ids, engine, gen)
-        yield Update(chat, self._done_status(chat), done=True)
+        elif request.compare:  # target only against target only would compare a run with itself
+            status += f"; no comparison: {NO_COMPARISON}"
+        yield Update(chat, status, done=True)
 
     def generate(self, request: Request) -> Iterator[Update]:
         """One single-turn generation (the API): a fresh conversation with request.prompt."""
@@ -597,6 +603,7 @@ def panel_stats(session: Session, trace: RunTrace | None) -> dict:
     info = session.describe()
     if trace is None:
         return {"device": info["device"], "dtype": info["dtype"]}
-    return {**trace.stats.summary(), "method": trace.method, "mode": trace.mode, "device": info["device"],
-            "dtype": info["dtype"], "draft_vocab": info["draft_vocab"].get(trace.method),
+    return {**trace.stats.summary(), "method": trace.method, "mode": trace.mode,
+            "method_label": METHOD_LABELS[trace.method], "mode_label": MODE_LABELS[trace.mode],
+            "device": info["device"], "dtype": info["dtype"], "draft_vocab": info["draft_vocab"].get(trace.method),
             "vocab_size": info["vocab_size"]}

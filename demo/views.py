@@ -29,14 +29,15 @@ from demo.render import escape, render_chat, render_comparison, render_legend, r
 from demo.hosting import Hosting
 from demo.presets import PRESETS
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape
-from demo.session import (DEFAULT_REQUEST, LIMITS, RANDOM_INIT, ModelCache, ModelChoice, Request, RequestError,
-                          Session, panel_stats, preset_names)
+from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
+                          RequestError, Session, panel_stats, preset_names)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
 TEXT_INTERVAL_S = 1 / 30  # the text refreshes every step, but at most 30 times a second (GPU steps take ms)
 FIGURE_INTERVAL_S = 0.25  # the charts refresh at most this often while streaming
 ENGINE = "engine"  # concurrency group of everything that touches the models: one at a time
+PROMPT_HINT = "Ask something, then press Generate or Shift+Enter (Enter starts a new line)"
 DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
     ("pointmass: top choices, accepted with p", "pointmass"),
     ("q: drawn from q, accepted with min(1, p/q)", "q"),
@@ -168,12 +169,21 @@ def preset_options(device) -> list[tuple[str, str]]:
             for name in preset_names()]
 
 
+def compare_options(method: str) -> dict:
+    """The comparison checkbox's state for `method`: off for target only, which is the baseline."""
+    if method == "none":
+        return dict(interactive=False, info=f"not for target only: {NO_COMPARISON}")
+    return dict(interactive=True, info="then run the same prompt without drafts: speedup, and at T = 0 a "
+                "token-identity check")
+
+
 # ---------------------------------------------------------------------- layout
 def build_chat_column(k: int) -> dict:
     legend = gr.HTML(render_legend(k), elem_id="sl-legend")
     conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation")
     with gr.Row(elem_id="sl-input-row"):
-        prompt = gr.Textbox(placeholder="Ask something, then press Generate (Shift+Enter for a new line)",
+        # lines > 1: Gradio's textbox inserts a newline on Enter and submits on Shift+Enter
+        prompt = gr.Textbox(placeholder=PROMPT_HINT,
                             show_label=False, lines=2, max_lines=8, scale=5, elem_id="sl-prompt")
         with gr.Column(scale=1, min_width=130):
             generate = gr.Button("Generate", variant="primary", elem_id="sl-generate")
@@ -220,7 +230,7 @@ def build_settings(session: Session, hosting: Hosting) -> dict:
     seed = gr.Number(gen.seed, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
                      elem_id="sl-seed")
     compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
-                          info="then run the same prompt without drafts: speedup, and at T = 0 a token-identity check")
+                          **compare_options(method.value))
     settings = dict(preset=preset, method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
                     tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
                     draft_sampling=draft_sampling, temperature=temperature, top_p=top_p,
@@ -386,20 +396,37 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         return loaded(session, f"Loaded {name}" + (f" with drafters {', '.join(drafters.values())}." if drafters
                                                    else "."))
 
-    def legend(k):
-        return render_legend(int(k))
+    def k_changed(k):
+        """The legend for k; a k typed out of range is refused in a sentence (the box then puts its
+        value back in range). Reads the raw value: Gradio's own bounds check would log a traceback."""
+        lo, hi = LIMITS["num_spec_tokens"]
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not lo <= k <= hi or k != int(k):
+            message = f"k = {k} is not allowed: k is a whole number from {lo} to {hi}."
+            gr.Warning(message)
+            return {c.legend: gr.skip(), c.status: status_html(message)}
+        return {c.legend: render_legend(int(k)), c.status: gr.skip()}
 
     def show_tree(chat, step, model):
         return tree_view(shown_session(model), chat.trace, step)
+
+    def method_options(method):
+        return gr.update(**compare_options(method))
+
+    def k_released(evt: gr.EventData):
+        """On leaving the number box, which sends the typed value, then clamps it to the slider's range."""
+        return k_changed(evt._data)
 
     def shape_options(shape):
         return gr.Column(visible=shape == "tree")
 
     ui = dict(api_visibility="private")
     engine = dict(concurrency_id=ENGINE, **ui)
-    # user() waits for the engine too, so a second Generate never edits a chat that is still streaming
+    # user() waits for the engine too, so a second Generate never edits a chat that is still streaming.
+    # Neither half shows progress on its outputs: a refusal is the toast alone, since a status tracker
+    # would leave a red "Error" badge over the conversation, the prompt box and the status after it fades.
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], **engine)
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], show_progress="hidden",
+                 **engine)
     then = dict(fn=bot, inputs={c.chat, c.model, *c.settings},
                 outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step],
                 show_progress="hidden", **engine)
@@ -416,7 +443,10 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     if c.load is not None:  # local mode only: public mode registers no event that names a path or a hub id
         c.load.click(load_custom, inputs=[c.target_spec, c.eagle_spec, c.eagle3_spec, c.model], outputs=loads,
                      **engine)
-    c.num_spec_tokens.change(legend, inputs=[c.num_spec_tokens], outputs=[c.legend], queue=False, **ui)
+    c.num_spec_tokens.change(k_changed, inputs=[c.num_spec_tokens], outputs=[c.legend, c.status], queue=False,
+                             preprocess=False, **ui)
+    c.num_spec_tokens.release(k_released, outputs=[c.legend, c.status], queue=False, **ui)
+    c.method.change(method_options, inputs=[c.method], outputs=[c.compare], queue=False, **ui)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], queue=False, **ui)
     # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)
     c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree], trigger_mode="always_last",

@@ -229,6 +229,90 @@ def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
     assert "EAGLE" in css(driver, "#sl-method")[0].text  # the loaded drafters are still offered
 
 
+def test_prompt_hint_says_what_enter_and_shift_enter_do(app_url, driver):
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(app_url)
+    box = usable(driver, "#sl-prompt textarea")
+    hint = box.get_attribute("placeholder")
+    box.send_keys("first line", Keys.ENTER, "second line")  # Enter: a new line, nothing sent
+    time.sleep(1.0)
+    assert box.get_attribute("value") == "first line\nsecond line" and not css(driver, "#sl-conversation .sl-turn")
+    assert "Enter starts a new line" in hint and "Shift+Enter for a new line" not in hint
+    box.send_keys(Keys.SHIFT, Keys.ENTER)  # Shift+Enter: sends, as the hint says
+    wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the turn Shift+Enter sent")
+    assert "Shift+Enter" in hint
+    css(driver, "#sl-stop")[0].click()
+
+
+def test_compare_is_off_for_target_only(app_url, driver):
+    driver.get(app_url)
+    box = wait_for(lambda: css(driver, "#sl-compare input"), 60, "the compare checkbox")[0]
+    assert box.is_enabled()
+    usable(driver, "#sl-method label")
+    next(e for e in css(driver, "#sl-method label") if e.text.lower().startswith("target only")).click()
+    wait_for(lambda: not css(driver, "#sl-compare input")[0].is_enabled(), 30, "the compare checkbox to turn off")
+    assert "not for target only" in css(driver, "#sl-compare")[0].text
+
+
+def test_k_typed_out_of_range_is_refused_with_a_sentence(app_url, driver):
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(app_url)
+    k = usable(driver, "#sl-k input[type=number]")
+    k.send_keys(Keys.CONTROL, "a")
+    k.send_keys("15", Keys.TAB)
+    wait_for(lambda: "k = 15 is not allowed" in css(driver, "#sl-status")[0].text, 30, "the refusal of k = 15")
+    assert "from 1 to 10" in css(driver, "#sl-status")[0].text
+    log = (ARTIFACTS / "browser_app.log").read_text()
+    assert "Traceback" not in log and "greater than maximum" not in log
+
+
+ERROR_BADGE_HOSTS = ("#sl-conversation", "#sl-prompt", "#sl-status", "#sl-comparison", "#sl-stats", "#sl-legend")
+
+
+def error_badges(driver) -> list[str]:
+    """The hosts showing a status tracker's red "Error" badge (it stays after the toast fades)."""
+    return [host for host in ERROR_BADGE_HOSTS
+            if any(e.is_displayed() and e.text.strip() == "Error" for e in css(driver, f"{host} .error"))]
+
+
+def test_an_input_error_shows_as_a_toast_only_with_no_badges_over_the_page(app_url, driver):
+    driver.get(app_url)
+    usable(driver, "#sl-generate").click()  # empty prompt
+    wait_for(lambda: any("The prompt is empty" in e.text for e in css(driver, ".toast-body")), 30, "the toast")
+    time.sleep(1.0)
+    assert error_badges(driver) == []
+    box = usable(driver, "#sl-prompt textarea")  # what the visitor types next shows and is sent
+    box.send_keys("hello")
+    assert box.is_displayed() and box.get_attribute("value") == "hello"
+
+
+LONG_PROMPT = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(110))  # ~1,300 tokens
+
+
+@pytest.mark.parametrize("size", [(1500, 1900), (412, 915)], ids=["desktop", "phone"])
+def test_long_text_scrolls_inside_the_conversation_box(app_url, driver, size):
+    driver.set_window_size(*size)
+    driver.get(app_url)
+    budget = usable(driver, "#sl-max-new input[type=number]")
+    driver.execute_script("arguments[0].value = '1'; arguments[0].dispatchEvent(new Event('input'));"
+                          "arguments[0].dispatchEvent(new Event('blur'));", budget)
+    box = usable(driver, "#sl-prompt textarea")
+    driver.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input'));",
+                          box, LONG_PROMPT)
+    driver.execute_script("arguments[0].click();", usable(driver, "#sl-generate"))  # the phone's sidebar covers it
+    wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the long turn")
+    time.sleep(1.0)
+    chat = css(driver, "#sl-conversation")[0]
+    bottom = driver.execute_script("return arguments[0].getBoundingClientRect().bottom;", chat)
+    for below in ("#sl-prompt", "#sl-generate", "#sl-status", "#sl-stats"):
+        top = driver.execute_script("return arguments[0].getBoundingClientRect().top;", css(driver, below)[0])
+        assert bottom <= top + 1, f"the conversation spills over {below}"
+    assert driver.execute_script("return arguments[0].scrollHeight > arguments[0].clientHeight + 10 && "
+                                 "['auto', 'scroll'].includes(getComputedStyle(arguments[0]).overflowY);", chat)
+
+
 def _has_cuda() -> bool:
     try:
         import torch

@@ -24,6 +24,12 @@ def points() -> list[StepPoint]:
     return out
 
 
+def steps(n: int) -> list[StepPoint]:
+    """n steps, each accepting 1 of 3 drafts."""
+    return [StepPoint(step=i, num_drafts=3, num_accepted=1, num_emitted=2, draft_ms=1.0, verify_ms=2.0,
+                      elapsed_s=i * 0.003, tokens_per_s=600.0) for i in range(1, n + 1)]
+
+
 def stats() -> AcceptanceStats:
     s = AcceptanceStats(num_spec_tokens=3)
     for n in (3, 1, 0, 2):
@@ -34,7 +40,7 @@ def stats() -> AcceptanceStats:
 def test_acceptance_bars_are_the_share_of_steps_with_at_least_i_plus_1_accepted():
     fig = acceptance_figure(stats())
     (bar,) = fig.data
-    assert list(bar.x) == ["1", "2", "3"]
+    assert list(bar.x) == ["draft 1", "draft 2", "draft 3"]
     assert list(bar.y) == pytest.approx([3 / 4, 2 / 4, 1 / 4])  # >=1: 3 of 4 steps, >=2: 2, >=3: 1
     assert list(bar.marker.color) == [depth_color(1), depth_color(2), depth_color(3)]  # the legend's colours
     assert tuple(fig.layout.yaxis.range) == (0, 1)
@@ -77,6 +83,21 @@ def test_throughput_has_running_rate_and_per_step_rate():
 def test_empty_charts_say_so(build):
     fig = build([])
     assert [a.text for a in fig.layout.annotations] == ["no steps yet"]
+
+
+@pytest.mark.parametrize("build", [acceptance_length_figure, latency_figure, throughput_figure])
+def test_empty_charts_start_their_y_axis_at_zero(build):
+    assert build([]).layout.yaxis.range[0] == 0
+    assert acceptance_figure(AcceptanceStats(0)).layout.yaxis.range[0] == 0
+
+
+@pytest.mark.parametrize("build", [acceptance_length_figure, latency_figure])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 12, 40, 130, 2048])
+def test_step_axes_have_whole_number_ticks(build, n):
+    fig = build(steps(n))
+    axis = fig.layout.xaxis
+    assert axis.dtick is not None and float(axis.dtick).is_integer() and float(axis.tick0).is_integer()
+    assert n / axis.dtick <= 10  # about ten ticks at most
 
 
 def test_figures_are_pure_functions():

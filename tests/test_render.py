@@ -3,9 +3,13 @@ per-token text from incremental decoding."""
 
 from html.parser import HTMLParser
 
+import re
+from pathlib import Path
+
 import pytest
 
-from demo.metrics import DEFINITIONS
+from demo.figures import CHART_DEFINITIONS, acceptance_figure
+from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.chat import IncrementalDecoder, TokenPiece, provenance
 from demo.render import (DEPTH_COLORS, depth_color, render_comparison, render_legend, render_reply, render_stats,
                          render_user)
@@ -150,14 +154,29 @@ def test_stats_panel_shows_numbers_with_their_definitions():
         assert value in text
     assert DEFINITIONS["mean_acceptance_length"] in text and DEFINITIONS["acceptance_per_position"] in text
     assert DEFINITIONS["draft_vocab"] in text
-    assert "token 0 after" not in text  # no step has followed another yet
+    assert "draft 1 after" not in text  # no step has followed another yet
     split = {**stats, "steps_after_full": 3, "acceptance_at_0_after_full": 1.0, "steps_after_rejection": 0,
              "acceptance_at_0_after_rejection": None}
     text = shown(render_stats(split, DEFINITIONS)).text
-    assert "token 0 after a full · a rejected step" in text and "100% · -" in text
+    assert "draft 1 after a full · a rejected step" in text and "100% · -" in text
     assert DEFINITIONS["acceptance_at_0_after"] in text
     target_only = shown(render_stats({**stats, "method": "none", "draft_vocab": None}, DEFINITIONS)).text
     assert "drafts over" not in target_only
+
+
+def test_draft_positions_are_numbered_1_to_k_in_the_stats_charts_and_explainer():
+    stats = {"mean_acceptance_length": 2.4, "acceptance_per_position": [0.9, 0.5], "tokens_per_s": 1.0,
+             "mean_draft_ms": 1.0, "mean_verify_ms": 1.0, "num_steps": 4, "prefill_ms": 1.0, "num_generated": 9,
+             "method": "eagle3", "mode": "eager", "device": "cpu", "dtype": "float32", "steps_after_full": 2,
+             "acceptance_at_0_after_full": 1.0, "steps_after_rejection": 1, "acceptance_at_0_after_rejection": 0.0}
+    panel = shown(render_stats(stats, DEFINITIONS)).text
+    fig = acceptance_figure(AcceptanceStats(2))
+    explainer = (Path(__file__).parents[1] / "assets" / "explainer.md").read_text()
+    shown_words = [panel, *CHART_DEFINITIONS.values(), explainer, fig.layout.title.text,
+                   fig.layout.xaxis.title.text]
+    assert "draft 1: 90% · draft 2: 50%" in panel and "draft 1 after a full · a rejected step" in panel
+    for words in shown_words:  # one convention: "draft 1 .. draft k", never vLLM's 0-based "token i"
+        assert not re.search(r"token 0|token i\b|i\s*\+\s*1|each draft position", words), words
 
 
 def test_comparison_reports_speedup_and_identity():

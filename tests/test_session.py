@@ -10,8 +10,9 @@ import torch
 
 from demo.engine import Engine
 from demo.chat import ChatState, Turn
-from demo.render import render_chat
-from demo.session import MAX_CHARS_PER_TOKEN, RANDOM_INIT, ModelChoice, Request, RequestError
+from demo.metrics import DEFINITIONS
+from demo.render import render_chat, render_stats
+from demo.session import MAX_CHARS_PER_TOKEN, RANDOM_INIT, ModelChoice, Request, RequestError, panel_stats
 from demo.tree import TreeShape
 from tests.tiny_chat import tiny_session
 
@@ -136,6 +137,18 @@ def test_compare_with_target_only_at_t0_reports_token_identical(session):
     assert c.greedy and c.identical is True and c.first_difference is None
     assert c.baseline_text == final.chat.turns[-1].text
     assert c.speedup == pytest.approx(c.speculative_tokens_per_s / c.baseline_tokens_per_s)
+
+
+def test_compare_does_not_run_for_target_only_and_the_status_says_why(session):
+    final = list(session.generate(Request.of("hi", method="none", max_new_tokens=8, compare=True)))[-1]
+    assert final.done and final.chat.comparison is None  # no 0.75x "lossless" of the target against itself
+    assert "no comparison: target only is the target-only baseline itself" in final.status
+
+
+def test_stats_panel_names_the_method_and_mode_in_words(session):
+    final = list(session.generate(Request.of("hi", method="none", max_new_tokens=4)))[-1]
+    text = render_stats(panel_stats(session, final.chat.trace), DEFINITIONS)
+    assert "target only · eager" in text and "none ·" not in text
 
 
 def test_compare_at_positive_temperature_makes_no_identity_claim(session):
