@@ -50,15 +50,22 @@ class TreeShape:
 
 
 # The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
-# (depth k, tree), the app's default (docs/RESULTS.md, "Draft trees"): on an H200 in graph mode a
-# wide tree (the verification forward is launch-bound, so 97 tokens cost about what 8 do); on 2 CPU
-# cores, where verification costs grow with width, a narrow one.
-DEFAULT_DRAFTS = {"cuda": (8, TreeShape(8, 96)), "cpu": (4, TreeShape(2, 8))}
+# (k, tree or None for a chain), the app's default (docs/RESULTS.md, "Draft trees"): on an H200 in
+# graph mode a wide tree (the verification forward is launch-bound, so 97 tokens cost about what 8
+# do); on 2 CPU cores, where verification grows with the width, a chain of 3 (29.3 tokens/s against
+# 27.9 for the best tree measured, depth 4, top-2, 8 tokens, which the tree settings start from).
+DEFAULT_DRAFTS = {"cuda": (8, TreeShape(8, 96)), "cpu": (3, None)}
+DEFAULT_TREES = {"cuda": TreeShape(8, 96), "cpu": TreeShape(2, 8)}
 
 
-def default_draft(device_type: str) -> tuple[int, "TreeShape"]:
-    """(k, tree) to offer first on a device ("cuda", "cpu", ...)."""
+def default_draft(device_type: str) -> tuple[int, "TreeShape | None"]:
+    """(k, tree) to offer first on a device ("cuda", "cpu", ...); tree None: a chain of k."""
     return DEFAULT_DRAFTS.get(device_type, DEFAULT_DRAFTS["cpu"])
+
+
+def default_tree(device_type: str) -> "TreeShape":
+    """The tree to offer when a visitor picks a tree: the fastest tree measured on the device."""
+    return DEFAULT_TREES.get(device_type, DEFAULT_TREES["cpu"])
 
 
 @dataclass(frozen=True)

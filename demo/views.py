@@ -28,7 +28,7 @@ from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
 from demo.hosting import Hosting
 from demo.presets import PRESETS
-from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape
+from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape, default_tree
 from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
                           RequestError, Session, panel_stats, preset_names)
 
@@ -213,7 +213,7 @@ def build_settings(session: Session, hosting: Hosting) -> dict:
                                 info="draft tokens per step in a chain; a tree's depth")
     draft_shape = gr.Radio(["chain", "tree"], value="tree" if tree else "chain", label="Drafting shape",
                            elem_id="sl-shape", info="chain: k drafts in a row; tree: top-k children per node, k deep")
-    tree = tree or TreeShape()
+    tree = tree or default_tree(session.device.type)
     with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
         tree_topk = gr.Slider(1, MAX_TREE_TOPK, value=tree.topk, step=1, label="Tree top-k", elem_id="sl-tree-topk",
                               info="children expanded per node (1: a chain)")

@@ -161,6 +161,9 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     budget = usable(driver, "#sl-max-new input[type=number]")
     budget.clear()
     budget.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)  # long enough that Stop lands mid-reply on a fast machine
+    usable(driver, "#sl-shape")
+    next(e for e in css(driver, "#sl-shape label") if e.text == "tree").click()  # its settings: the device's tree
+    usable(driver, "#sl-tree-topk input[type=number]")
     type_and_generate(driver, prompt)
 
     # the user's markup shows as text, nothing of it runs or renders
@@ -179,7 +182,7 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     assert css(driver, "#sl-plot-acceptance_length .js-plotly-plot g.trace.bars path")
     assert "mean acceptance length" in css(driver, "#sl-stats")[0].text
 
-    # the default settings draft a tree, and the tree view draws the latest step's tree as it streams
+    # the tree view draws the latest step's tree as it streams (a tree was chosen: a CPU's default is a chain)
     assert "tree: depth" in css(driver, "#sl-conversation .sl-assistant .sl-role")[0].text
     wait_for(lambda: tree_step(driver) >= 2, 60, "the tree of step 2 or later")
     assert len(css(driver, "#sl-plot-tree .js-plotly-plot g.trace.scatter path.point")) >= 3  # root and drafts
@@ -215,7 +218,9 @@ def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
     wait_for(lambda: "The prompt is empty" in driver.page_source, 30, "the empty-prompt message")
     assert not css(driver, "#sl-conversation .sl-turn")  # nothing was sent
 
-    assert css(driver, "#sl-tree-topk")[0].is_displayed()  # a tree's settings show while the shape is a tree
+    # a tree's settings show while the shape is a tree, and hide for a chain
+    next(e for e in css(driver, "#sl-shape label") if e.text == "tree").click()
+    wait_for(lambda: any(e.is_displayed() for e in css(driver, "#sl-tree-topk")), 30, "the tree settings")
     next(e for e in css(driver, "#sl-shape label") if e.text == "chain").click()
     wait_for(lambda: not any(e.is_displayed() for e in css(driver, "#sl-tree-topk")), 30,
              "the tree settings to hide")
