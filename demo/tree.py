@@ -185,6 +185,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
     cand_qrow.append(torch.zeros(K, dtype=torch.int64, device=dev))
     cand_depth.append(torch.ones(K, dtype=torch.int64, device=dev))
     frontier = torch.arange(K, device=dev)  # [K] candidate index of each frontier node
+    f_ids = ids.view(K)  # [K] its draft id
     f_score = logq.view(K)  # [K]
     f_hidden = root_hidden.reshape(1, -1).expand(K, -1)  # [K, Hd] drafter input of each frontier row
     capacity = drafter.cache.capacity
@@ -192,7 +193,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
     f_seen = (slot_ids[None, :] == scratch_base + torch.arange(K, device=dev)[:, None])  # [K, S] own slot
     for d in range(1, D):
         start = K + (d - 1) * K * K  # candidate index of this expansion's first child
-        tokens = drafter.to_target(torch.cat(cand_ids)[frontier]).view(1, K)  # [1, K]
+        tokens = drafter.to_target(f_ids).view(1, K)  # [1, K]
         positions = (draft_position + d - 1).view(1, 1).expand(1, K)  # [1, K]
         slots = (scratch_base + (d - 1) * K + torch.arange(K, device=dev)).view(1, K)  # [1, K]
         mask = ((slot_ids < draft_position)[None, :] | f_seen).view(1, 1, K, capacity)  # [1, 1, K, S]
@@ -209,6 +210,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
             best = scores.topk(K).indices  # [K]
             parent = best // K  # [K] which frontier row each came from
             frontier = start + best
+            f_ids = ids.view(K * K)[best]
             f_score = scores[best]
             f_hidden = hidden[0, parent]  # [K, Hd]
             own = slot_ids[None, :] == scratch_base + d * K + torch.arange(K, device=dev)[:, None]  # [K, S]

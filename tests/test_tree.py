@@ -77,10 +77,9 @@ def test_a_wider_tree_accepts_the_runner_up_the_chain_rejects():
     assert tokens == ref
     # the chain stops at every 4th position; the tree takes the second child there
     assert tree[-1].stats.mean_acceptance_length > chain[-1].stats.mean_acceptance_length + 1.5
-    second_child = [e for e in tree[1:] for node in e.tree.path
-                    if e.tree.parents[node - 1] in [0] + e.tree.path and
-                    [i for i, p in enumerate(e.tree.parents, 1) if p == e.tree.parents[node - 1]].index(node) == 1]
-    assert second_child  # some accepted node was its parent's second child
+    def sibling_rank(tree, node):  # 0: its parent's first child (the drafter's first choice), 1: the second
+        return [i for i, p in enumerate(tree.parents, 1) if p == tree.parents[node - 1]].index(node)
+    assert any(sibling_rank(e.tree, node) == 1 for e in tree[1:] for node in e.tree.path)
 
 
 def _tree_of(engine, depth, tree, prompt=PROMPT):
