@@ -22,3 +22,27 @@ def default_target():
     from demo.loading import load_target
 
     return load_target("default", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """`python app.py` (the embedded default) on a free port, one for every browser test of the session."""
+    from tests.browser import ARTIFACTS, start_app, stop_app
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    proc, url = start_app(ARTIFACTS / "browser_app.log")
+    yield url
+    stop_app(proc)
+
+
+@pytest.fixture
+def driver(request):
+    """A fresh headless chromium; on failure its screenshot is kept under artifacts/."""
+    from tests.browser import ARTIFACTS, open_browser
+
+    d = open_browser()
+    failed = request.session.testsfailed
+    yield d
+    if request.session.testsfailed > failed:  # keep what the browser showed, as a test artifact
+        d.save_screenshot(str(ARTIFACTS / f"failure_{request.node.name}.png"))
+    d.quit()

@@ -1,0 +1,133 @@
+"""Shared pieces of the browser tests (tests/test_browser*.py): start `python app.py` on a free
+port, drive headless Debian chromium with Selenium, wait for and find elements. The fixtures
+(`app_url`: one app for the whole session; `driver`: a fresh browser per test) are in conftest.py."""
+
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+MAX_NEW_TOKENS = 512  # the streaming test's budget: it stops the reply long before that
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1500,1900"]
+
+
+def _missing() -> str | None:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        return "chromium and chromium-driver are not installed (apt-get install -y chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -r requirements-dev.txt)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(log_path: Path, *args: str, timeout: float = 240.0) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on a free port; returns (process, url) once the page answers."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "app.py", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"app.py did not answer within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_app(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def open_browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tempfile.mkdtemp(prefix='speclens-chromium-')}"]:
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def css(driver, selector: str) -> list:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def usable(driver, selector: str, timeout: float = 60):
+    """The first element matching selector once it is shown and enabled, scrolled into view (an
+    element that exists before the page has finished laying out refuses keys and clicks)."""
+    def ready():
+        shown = [e for e in css(driver, selector) if e.is_displayed() and e.is_enabled()]
+        if shown:
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", shown[0])
+        return shown
+    return wait_for(ready, timeout, f"{selector} to be usable")[0]
+
+
+def tree_step(driver) -> int:
+    """The step whose tree the tree view shows (0: none yet), read from the figure's title."""
+    titles = css(driver, "#sl-plot-tree .js-plotly-plot .gtitle")
+    match = re.match(r"Draft tree of step (\d+):", titles[0].text if titles else "")
+    return int(match.group(1)) if match else 0
+
+
+def bundled_drafters_exist() -> bool:
+    return all((ROOT / "assets" / "drafters" / f"smollm2-135m-{m}" / "config.json").exists() for m in ("eagle", "eagle3"))
+
+
+def type_and_generate(driver, prompt: str) -> None:
+    usable(driver, "#sl-prompt textarea").send_keys(prompt)
+    usable(driver, "#sl-generate").click()
+
+
