@@ -128,17 +128,47 @@ class Turn:
 
 
 @dataclass
+class StepRecord:
+    """Everything one engine step did, as plain data: what an inspector, a replay or an export reads.
+    Step 0 is the prefill (no drafts)."""
+
+    step: int
+    root: int  # the token the step's drafts hang from: the last one emitted before it (-1 at the prefill)
+    draft_ids: list[int]  # the verified drafts (a chain's k, a tree's nodes)
+    num_accepted: int
+    token_ids: list[int]  # emitted (accepted drafts, then the target's own token)
+    token_probs: list[float]
+    resampled: bool
+    draft_ms: float
+    verify_ms: float  # the prefill's time at step 0
+    elapsed_s: float  # engine time after this step, prefill included
+    tree: DraftTree | None  # the drafts as a tree (a chain is a path) with q, p and the accepted path
+    target_top: list[list[tuple[int, float]]]  # per emitted token: the target's best (token, p) there
+    draft_top: list[list[tuple[int, float]]] | None  # a chain's: per draft position, the drafter's best (token, q)
+
+
+@dataclass
 class RunTrace:
-    """The latest speculative run: what the charts, the tree view and the stats panel show."""
+    """The latest speculative run: what the charts, the tree view, the stats panel and the step
+    inspector show."""
 
     method: str
     mode: str
     num_spec_tokens: int
     stats: AcceptanceStats
     points: list[StepPoint] = field(default_factory=list)
-    trees: list[DraftTree] = field(default_factory=list)  # each drafting step's tree; trees[i] is step i + 1's
-    roots: list[int] = field(default_factory=list)  # the token each tree hangs from: the last one emitted before it
+    steps: list[StepRecord] = field(default_factory=list)  # every engine step, the prefill first
     finish_reason: str | None = None
+
+    @property
+    def trees(self) -> list[DraftTree]:
+        """Each drafting step's tree; trees[i] is step i + 1's."""
+        return [s.tree for s in self.steps if s.tree is not None]
+
+    @property
+    def roots(self) -> list[int]:
+        """The token each of ``trees`` hangs from."""
+        return [s.root for s in self.steps if s.tree is not None]
 
 
 @dataclass

@@ -72,6 +72,13 @@ class StepEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (a stop token) or "length"
     tree: DraftTree | None = None  # the step's drafts as a tree (a chain is a path), with q, p and the accepted path
+    # what a step inspector shows: per emitted token, the target's TOP_SHOWN best (token, p) at its
+    # position; per chain draft position, the drafter's (token, q) (trees: the tree's siblings are its candidates)
+    target_top: list[list[tuple[int, float]]] = field(default_factory=list)
+    draft_top: list[list[tuple[int, float]]] | None = None
+
+
+TOP_SHOWN = 5  # candidates per position an event carries for inspection (the target's, a chain drafter's)
 
 
 @dataclass
@@ -91,6 +98,8 @@ class StepBuffers:
     draft_hidden: torch.Tensor  # [1, 1, Hd] its hidden output there
     draft_position: torch.Tensor  # [1, 1] int64: the drafter position of the first draft's row
     result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
+    draft_top_ids: torch.Tensor | None = None  # [D, TOP_SHOWN] int64: a chain drafter's best target ids per position
+    draft_top_q: torch.Tensor | None = None  # [D, TOP_SHOWN] float32: their q
     catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects (k > 0)
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
@@ -256,6 +265,8 @@ class Engine:
             draft_hidden=zeros(1, 1, hd, dtype=t.dtype),
             draft_position=zeros(1, 1),
             result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
+            draft_top_ids=zeros(max(k, 1), TOP_SHOWN),
+            draft_top_q=torch.full((max(k, 1), TOP_SHOWN), -1.0, device=dev),
         )
         if k:  # written by copy, never rebound: a replayed graph and an eager step must share it
             width = t.config.hidden_size * (len(self.aux_layers) if self.drafter.feature == "aux" else 1)
@@ -323,11 +334,19 @@ class Engine:
         token = self.drafter.select(b.root_logits)  # [1, 1]
         hidden, position = b.draft_hidden, b.draft_position
         b.verify_tokens[:, 1:2].copy_(token)
+        self._chain_top(b, 0, b.root_logits)
         for j in range(1, b.k):
             logits, hidden = self.drafter.forward(token, position, hidden)
             token = self.drafter.select(logits)  # [1, 1]
             position = position + 1
             b.verify_tokens[:, j + 1:j + 2].copy_(token)
+            self._chain_top(b, j, logits)
+
+    def _chain_top(self, b: StepBuffers, j: int, logits: torch.Tensor):
+        """Keep the drafter's TOP_SHOWN candidates (target ids, q) at draft position j; logits [1, 1, Vd]."""
+        top = torch.softmax(logits.view(-1).float(), dim=-1).topk(TOP_SHOWN)
+        b.draft_top_ids[j].copy_(self.drafter.to_target(top.indices))
+        b.draft_top_q[j].copy_(top.values)
 
     def _draft_tree(self, b: StepBuffers):
         """Expand and prune the step's tree (demo/tree.py); stage its tokens, positions, slots and mask."""
@@ -372,8 +391,9 @@ class Engine:
         b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
         b.verify_positions.add_(n + 1)
         chain = torch.arange(k, device=drafts.device)  # [k] node i+1's parent is node i
-        b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, torch.full_like(draft_p, -1.0),
-                                   draft_p))
+        top = probs.topk(TOP_SHOWN, dim=-1)  # [k+1, TOP_SHOWN] at each emitted position
+        b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, b.draft_top_q[:k, 0], draft_p,
+                                   top.indices, top.values, b.draft_top_ids[:k], b.draft_top_q[:k]))
 
     def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
                      generator):
@@ -401,7 +421,10 @@ class Engine:
         tb.root_slot.add_(n + 1)
         nodes = tokens[1:]  # [N]
         node_p = probs[tb.parents[1:], nodes]  # [N] p of each node's token at its parent
-        b.result.copy_(pack_result(n, out, token_probs, path, nodes, tb.parents[1:], tb.draft_logq[1:].exp(), node_p))
+        top = probs[rows].topk(TOP_SHOWN, dim=-1)  # [D+1, TOP_SHOWN] at each emitted position
+        none = torch.full((D, TOP_SHOWN), -1.0, device=self.device)  # a tree's candidates are its siblings
+        b.result.copy_(pack_result(n, out, token_probs, path, nodes, tb.parents[1:], tb.draft_logq[1:].exp(), node_p,
+                                   top.indices, top.values, none, none))
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
@@ -438,14 +461,15 @@ class Engine:
 
         # prefill: target over the prompt, first token, drafter over the prompt
         timer.start()
-        first, first_prob = self._prefill(b, prompt_ids, params, generator)
+        first, first_prob, first_top = self._prefill(b, prompt_ids, params, generator)
         timer.mark()
         (prefill_ms,) = timer.read()
         stats.observe_prefill(prefill_ms)
         done = first in stop or gen.max_new_tokens == 1
         reason = ("stop" if first in stop else "length") if done else None
         stats.elapsed_s += time.perf_counter() - clock
-        yield StepEvent(0, [], 0, [first], [first_prob], False, 0.0, prefill_ms, stats.snapshot(), done, reason)
+        yield StepEvent(0, [], 0, [first], [first_prob], False, 0.0, prefill_ms, stats.snapshot(), done, reason,
+                        target_top=[first_top])
         clock = time.perf_counter()
         generated = 1
         step = 0
@@ -472,7 +496,7 @@ class Engine:
             timer.mark()
             packed = b.result.tolist()  # the one device-to-host sync of this step
             draft_ms, verify_ms = timer.read()
-            n, tokens, probs, tree = unpack_result(packed, k, shape.nodes)
+            n, tokens, probs, tree, target_top, draft_top = unpack_result(packed, k, shape.nodes)
             if k:
                 stats.observe_draft(k, n)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
@@ -483,11 +507,12 @@ class Engine:
             end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
             resampled = not params.greedy and end in tree.parents and len(emitted) == n + 1
             yield StepEvent(step, tree.tokens, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,
-                            stats.snapshot(), done, reason, tree if k else None)
+                            stats.snapshot(), done, reason, tree if k else None, target_top[: len(emitted)], draft_top)
             clock = time.perf_counter()
 
     def _prefill(self, b: StepBuffers, prompt_ids: list[int], params: SamplingParams, generator):
-        """Fill both caches with the prompt; stage the first draft and verification. Returns (token, prob)."""
+        """Fill both caches with the prompt; stage the first draft and verification. Returns (token, its
+        probability, the target's TOP_SHOWN (token, p) there)."""
         dev, k = self.device, b.k
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=dev)  # [1, P]
         P = ids.shape[1]
@@ -513,30 +538,40 @@ class Engine:
             b.root_logits.copy_(d_logits[:, -1:])
             b.draft_hidden.copy_(d_hidden[:, -1:])
             b.draft_position.fill_(P)
-        first = int(token.item())  # the prefill's one host sync: the first token streams at once
-        return first, float(probs[0, first])
+        top = probs[0].topk(TOP_SHOWN)
+        packed = torch.cat((token.view(1).double(), probs[0].gather(0, token.view(1)).double(),
+                            top.indices.double(), top.values.double())).tolist()  # the prefill's one host sync
+        first = int(packed[0])
+        ids, ps = packed[2:2 + TOP_SHOWN], packed[2 + TOP_SHOWN:]
+        return first, packed[1], [(int(t), p) for t, p in zip(ids, ps)]
 
 
 # ---------------------------------------------------------------------- the packed step result
 # One float64 tensor per step, read with one host sync (token ids below 2**53 are exact):
 # [accepted n, emitted tokens (D+1), their target probabilities (D+1), accepted path (D node ids),
-#  draft node tokens (N), their parents (N), q (N; -1: not computed), p (N)]. A chain of k is the
-# tree whose node i+1 hangs from node i (D = N = k).
+#  draft node tokens (N), their parents (N), q (N; -1: not computed), p (N),
+#  the target's top ids and p at each emitted position (2 x (D+1) x TOP_SHOWN),
+#  a chain drafter's top ids and q at each draft position (2 x D x TOP_SHOWN; q -1: not kept)].
+# A chain of k is the tree whose node i+1 hangs from node i (D = N = k).
 def packed_size(depth: int, nodes: int) -> int:
-    return 1 + 2 * (depth + 1) + depth + 4 * nodes
+    return 1 + 2 * (depth + 1) + depth + 4 * nodes + 2 * TOP_SHOWN * (2 * depth + 1)
 
 
 def pack_result(n: torch.Tensor, tokens: torch.Tensor, token_probs: torch.Tensor, path: torch.Tensor,
-                nodes: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor,
-                target_probs: torch.Tensor) -> torch.Tensor:
-    """n: []; tokens, token_probs: [D+1]; path: [D]; nodes, parents, draft_probs, target_probs: [N]
-    -> [packed_size(D, N)] float64 (on the device)."""
-    parts = (n.view(1), tokens, token_probs, path, nodes, parents, draft_probs, target_probs)
-    return torch.cat([p.double() for p in parts])
+                nodes: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                target_top_ids: torch.Tensor, target_top_p: torch.Tensor, draft_top_ids: torch.Tensor,
+                draft_top_q: torch.Tensor) -> torch.Tensor:
+    """n: []; tokens, token_probs: [D+1]; path: [D]; nodes, parents, draft_probs, target_probs: [N];
+    target_top_*: [D+1, TOP_SHOWN]; draft_top_*: [D, TOP_SHOWN] -> [packed_size(D, N)] float64 (on the device)."""
+    parts = (n.view(1), tokens, token_probs, path, nodes, parents, draft_probs, target_probs,
+             target_top_ids, target_top_p, draft_top_ids, draft_top_q)
+    return torch.cat([p.reshape(-1).double() for p in parts])
 
 
-def unpack_result(packed: list[float], depth: int, nodes: int) -> tuple[int, list[int], list[float], DraftTree]:
-    """The host's reading of pack_result: (accepted n, the n+1 emitted tokens, their probabilities, the tree)."""
+def unpack_result(packed: list[float], depth: int, nodes: int):
+    """The host's reading of pack_result: (accepted n, the n+1 emitted tokens, their probabilities, the
+    tree, the target's top (token, p) per emitted position, a chain drafter's top (token, q) per draft
+    position or None)."""
     D, N = depth, nodes
     n = int(packed[0])
     at = 1
@@ -552,7 +587,15 @@ def unpack_result(packed: list[float], depth: int, nodes: int) -> tuple[int, lis
     parents = [int(i) for i in take(N)]
     q = take(N)
     tree = DraftTree(node_tokens, parents, None if any(x < 0 for x in q) else q, take(N), path)
-    return n, tokens, probs, tree
+    def tops(rows):  # noqa: E306
+        ids, values = take(rows * TOP_SHOWN), take(rows * TOP_SHOWN)
+        return [[(int(t), v) for t, v in zip(ids[r * TOP_SHOWN:(r + 1) * TOP_SHOWN], values[r * TOP_SHOWN:(r + 1) * TOP_SHOWN])]
+                for r in range(rows)]
+    target_top = tops(D + 1)[: n + 1]
+    draft_top = tops(D)
+    if not draft_top or any(v < 0 for row in draft_top for _, v in row):
+        draft_top = None
+    return n, tokens, probs, tree, target_top, draft_top
 
 
 def _cut(tokens: list[int], stop: set[int], budget: int) -> tuple[list[int], str | None]:

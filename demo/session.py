@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, TokenPiece, Turn, Update,
+from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, StepRecord, TokenPiece, Turn, Update,
                        provenance, without_partial_character)
 from demo.drafter_common import DrafterConfig
 from demo.engine import Engine, GenerationConfig, StepEvent
@@ -456,9 +456,10 @@ class Session:
 
     @staticmethod
     def _absorb(event: StepEvent, decoder: IncrementalDecoder, turn: Turn, trace: RunTrace) -> None:
-        if event.tree is not None:  # the step's tree hangs from the last token emitted before it
-            trace.trees.append(event.tree)
-            trace.roots.append(turn.pieces[-1].token_id)
+        root = turn.pieces[-1].token_id if event.step > 0 else -1  # the last token emitted before the step
+        trace.steps.append(StepRecord(event.step, root, event.draft_ids, event.num_accepted, event.token_ids,
+                                      event.token_probs, event.resampled, event.draft_ms, event.verify_ms,
+                                      event.stats.elapsed_s, event.tree, event.target_top, event.draft_top))
         for token, prob, (depth, resampled) in zip(event.token_ids, event.token_probs,
                                                     provenance(event.token_ids, event.num_accepted, event.resampled)):
             text = decoder.push(token)

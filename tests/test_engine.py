@@ -160,3 +160,30 @@ def test_one_process_compiles_the_steps_of_any_number_of_engines():
     assert results == [float(n * (n - 1)) for n in range(1, 13)]
     with pytest.raises(TypeError, match="plain function"):
         compile_step(torch.nn.Identity())
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_events_carry_each_positions_top_candidates_for_the_inspector(tree, temperature):
+    from demo.engine import TOP_SHOWN
+
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    engine = Engine(target, tiny_drafter("eagle3", target, draft_vocab_size=128), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, tree=tree, temperature=temperature,
+                         stop_token_ids=())
+    for e in events:
+        assert len(e.target_top) == len(e.token_ids)  # one row per emitted token
+        for row, token, p in zip(e.target_top, e.token_ids, e.token_probs):
+            ps = [q for _, q in row]
+            assert len(row) == TOP_SHOWN and ps == sorted(ps, reverse=True) and 0 < sum(ps) <= 1 + 1e-5
+            if temperature == 0:  # the emitted token is the target's first choice
+                assert row[0] == (token, pytest.approx(p, rel=1e-5))
+            elif token in dict(row):
+                assert dict(row)[token] == pytest.approx(p, rel=1e-5)
+        if e.step == 0 or tree is not None:
+            assert e.draft_top is None
+            continue
+        assert len(e.draft_top) == 3
+        for row, draft, q in zip(e.draft_top, e.draft_ids, e.tree.draft_probs):  # the chain drafts its first choice
+            assert row[0] == (draft, pytest.approx(q, rel=1e-5)) and [x for _, x in row] == sorted(x for _, x in row)[::-1]

@@ -53,6 +53,17 @@ def test_a_tree_request_keeps_one_tree_per_step_in_the_trace(session):
     assert copy.deepcopy(trace) == trace  # plain data, for gr.State
 
 
+def test_the_trace_keeps_every_engine_step_with_its_emitted_tokens_and_candidates(session):
+    final = list(session.generate(Request.of("hello", method="eagle3", num_spec_tokens=2, max_new_tokens=12)))[-1]
+    trace, pieces = final.chat.trace, final.chat.turns[-1].pieces
+    assert [s.step for s in trace.steps] == list(range(trace.stats.num_steps + 1))  # the prefill first
+    assert [t for s in trace.steps for t in s.token_ids] == [p.token_id for p in pieces]
+    for s in trace.steps:
+        assert len(s.target_top) == len(s.token_ids)
+        assert (s.draft_top is None) == (s.step == 0) and len(s.draft_ids) == (2 if s.step else 0)
+    assert trace.steps[-1].elapsed_s == trace.stats.elapsed_s
+
+
 def test_accepted_drafts_are_marked_by_their_depth(predictable):
     # the predictable target always emits "a" and EAGLE (sharing its lm_head) always drafts it
     final = list(predictable.generate(Request.of("hi", method="eagle", num_spec_tokens=3, max_new_tokens=9)))[-1]
