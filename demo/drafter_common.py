@@ -4,13 +4,14 @@ parameter names, and the drafter contract the engine relies on.
 Drafter contract (duck-typed, vLLM's proposer verbs):
 - ``feature``: which target output it reads, "hidden" (final normed, EAGLE) or "aux" (EAGLE-3).
 - ``project(features) -> hidden``: turn target features into drafter-width input, once per step,
-  eagerly, before any captured region (EAGLE-3's fc; identity for EAGLE).
+  at the start of the step's propose phase (EAGLE-3's fc; identity for EAGLE).
 - ``setup_cache(capacity)``: its own one-layer static KV cache and RoPE tables, sized to the
   target's context (not the drafter's max_position_embeddings, vLLM #48894).
-- ``forward(tokens, positions, hidden, slots=None, mask=None) -> (logits, hidden_out)``: one pass
-  of the draft layer; row i pairs token x[i+1] with feature h[i] at position i. K/V go to the cache
-  at `slots` (default: the positions) and attention follows `mask` (default: causal); a draft tree
-  passes its own (demo/tree.py).
+- ``forward(tokens, positions, hidden, slots=None, mask=None, logits=True) -> (logits, hidden_out)``:
+  one pass of the draft layer; row i pairs token x[i+1] with feature h[i] at position i. K/V go to
+  the cache at `slots` (default: the positions) and attention follows `mask` (default: causal); a
+  draft tree passes its own (demo/tree.py). ``logits=False`` returns None for them (the prefill
+  only fills the cache).
 - ``select(logits) -> target ids``: greedy draft token, mapped from the draft vocabulary (d2t);
   ``to_target(draft_ids)`` maps any draft ids.
 """

@@ -38,7 +38,7 @@ class EagleDrafter(DrafterBase):
         return features
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
-                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
         tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, V], hidden_out [B, q, H]
@@ -51,4 +51,4 @@ class EagleDrafter(DrafterBase):
         x = x + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads, cfg.num_kv_heads,
                           cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.lm_head(x), x
+        return (self.lm_head(x) if logits else None), x

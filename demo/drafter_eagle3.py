@@ -90,7 +90,7 @@ class Eagle3Drafter(DrafterBase):
         return self.fc(features)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
-                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
         tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
@@ -105,7 +105,7 @@ class Eagle3Drafter(DrafterBase):
         h = residual + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads,
                                  cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(self.norm(h)), h
+        return (self.lm_head(self.norm(h)) if logits else None), h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids mapped to the target vocabulary: target id = draft id + d2t[draft id]."""

@@ -2,10 +2,10 @@
 
 Each step is propose -> verify -> account:
 
-1. propose (drafter): catch up on the tokens the last verification emitted, paired with the
-   target's features of the positions before them (token x[i+1] with feature h[i]); then either
-   chain k-1 greedy single-token steps feeding back the drafter's own hidden state, or expand a
-   tree of depth k (demo/tree.py).
+1. propose (drafter): project the target's features, catch up on the tokens the last
+   verification (or the prefill) emitted, paired with the target's features of the positions before
+   them (token x[i+1] with feature h[i]); then either chain k-1 greedy single-token steps feeding
+   back the drafter's own hidden state, or expand a tree of depth k (demo/tree.py).
 2. verify (target): one forward over [last token, drafts] (k+1 positions for a chain, the tree's
    nodes under a tree mask), then the acceptance rule of demo/sampling.py (chains) or
    demo/tree_verify.py (trees). Rejected positions stay in the caches and are overwritten later; a
@@ -13,9 +13,11 @@ Each step is propose -> verify -> account:
 3. account: one device-to-host read of the packed step result; demo/metrics.py counts it.
 
 Every per-step tensor lives in a persistent buffer (``StepBuffers``, ``TreeBuffers``), so the same
-step functions run eagerly or replay CUDA graphs captured before the first request: graph mode
-changes nothing but time. The engine works on token ids and knows nothing of tokenizers or user
-interfaces.
+step functions run eagerly or replay CUDA graphs captured before the first request: in graph mode a
+whole decoding step (propose, verify and, at T = 0, the acceptance test) is one graph, and the
+prefill one graph per prompt-length bucket (a GPU pads prompts to the next power of two in either
+mode, so both compute the same and library plans are reused): graph mode changes nothing but time.
+The engine works on token ids and knows nothing of tokenizers or user interfaces.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class StepEvent:
 
 
 TOP_SHOWN = 5  # candidates per position an event carries for inspection (the target's, a chain drafter's)
+PREFILL_MIN_BUCKET = 64  # a GPU runs a prompt at the next power of two from this (at most the context)
 
 
 @dataclass
@@ -100,7 +103,11 @@ class StepBuffers:
     result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
     draft_top_ids: torch.Tensor | None = None  # [D, TOP_SHOWN] int64: a chain drafter's best target ids per position
     draft_top_q: torch.Tensor | None = None  # [D, TOP_SHOWN] float32: their q
+    prefill_ids: torch.Tensor | None = None  # [1, C] int64: the prompt, padded to its bucket (C: the context)
+    prefill_positions: torch.Tensor | None = None  # [1, C] int64: 0..C-1
+    prefill_last: torch.Tensor | None = None  # [1] int64: the prompt's last row
     catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects (k > 0)
+    marks: tuple | None = None  # graph mode: timing events recorded inside the step graph (start, after propose)
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
@@ -267,6 +274,9 @@ class Engine:
             result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
             draft_top_ids=zeros(max(k, 1), TOP_SHOWN),
             draft_top_q=torch.full((max(k, 1), TOP_SHOWN), -1.0, device=dev),
+            prefill_ids=zeros(1, self.max_context),
+            prefill_positions=torch.arange(self.max_context, device=dev).view(1, -1),
+            prefill_last=zeros(1),
         )
         if k:  # written by copy, never rebound: a replayed graph and an eager step must share it
             width = t.config.hidden_size * (len(self.aux_layers) if self.drafter.feature == "aux" else 1)
@@ -284,27 +294,62 @@ class Engine:
         self._buffers[shape] = b
         if self.mode == "cudagraph":
             start = time.perf_counter()
-            # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
-            # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
-            # allocator's assert, as the batched generator found on the H200
-            pool = torch.cuda.graph_pool_handle()
-            fns = {"verify": lambda: self._verify_forward(b)}
-            if k > 0:
-                fns["catch_up"] = lambda: self._catch_up(b)
-                fns["tree" if shape.tree else "chain"] = (lambda: self._draft_tree(b)) if shape.tree else \
-                    (lambda: self._chain(b))
-            for name, fn in fns.items():
-                b.graphs[name] = CapturedStep(self._maybe_compile(fn, name), pool)
-            # the greedy acceptance test replays too, over the verification graph's outputs (at
-            # T > 0 it draws from the request's generator, so it runs eagerly)
-            logits, features = b.graphs["verify"].output
-            accept = self._accept_tree if shape.tree else self._accept
-            b.graphs["accept"] = CapturedStep(lambda: accept(b, logits, features, SamplingParams(), None), pool)
+            self._capture(b)
             self.capture_s += time.perf_counter() - start
         return b
 
+    def prefill_bucket(self, n: int) -> int:
+        """The rows a prompt of n tokens runs at: on a GPU the next power of two from
+        PREFILL_MIN_BUCKET, at most the context (eager pads as graph mode does, so both compute the
+        same, and each bucket's library plans are made once); on a CPU n itself."""
+        if self.device.type != "cuda":
+            return n
+        return min(max(PREFILL_MIN_BUCKET, 1 << (n - 1).bit_length()), self.max_context)
+
+    def prefill_buckets(self) -> list[int]:
+        """Every bucket a prompt can fall in on a GPU (one prefill graph each)."""
+        sizes, b = [], PREFILL_MIN_BUCKET
+        while b < self.max_context:
+            sizes.append(b)
+            b *= 2
+        return sizes + [self.max_context]
+
+    def _capture(self, b: StepBuffers) -> None:
+        """Capture one graph per decoding step (propose, verify and, at T = 0, the acceptance test;
+        "step_sampled" leaves the acceptance test to run eagerly on the request's generator) and one
+        prefill graph per prompt bucket. Two timing events recorded inside the step graph split its
+        time into propose and verify."""
+        # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
+        # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
+        # allocator's assert, as the batched generator found on the H200
+        pool = torch.cuda.graph_pool_handle()
+        accept_fn = self._accept_tree if b.tree is not None else self._accept
+        propose = self._maybe_compile(lambda: self._propose(b), "propose") if b.k else None
+        verify = self._maybe_compile(lambda: self._verify_forward(b), "verify")
+        accept = self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None),
+                                     "accept")
+        b.marks = (torch.cuda.Event(enable_timing=True, external=True),
+                   torch.cuda.Event(enable_timing=True, external=True))
+
+        def step(greedy: bool):
+            b.marks[0].record()
+            if propose is not None:
+                propose()
+            b.marks[1].record()
+            logits, features = verify()
+            if greedy:
+                accept(logits, features)
+            return logits, features
+
+        if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
+            b.graphs["step"] = CapturedStep(lambda: step(True), pool)
+        b.graphs["step_sampled"] = CapturedStep(lambda: step(False), pool)
+        for size in self.prefill_buckets():
+            b.graphs[f"prefill{size}"] = CapturedStep(lambda size=size: self._prefill_forward(b, size), pool)
+
     def _maybe_compile(self, fn, name: str):
-        if self.compile == "all" or (self.compile == "drafter" and name != "verify"):
+        """compile "drafter": the propose phase only; "all": every phase of a step."""
+        if self.compile == "all" or (self.compile == "drafter" and name == "propose"):
             return compile_step(fn)
         return fn
 
@@ -317,6 +362,16 @@ class Engine:
         out = self.target.forward(b.verify_tokens, b.verify_positions, aux_layers=feats or (),
                                   slots=tree.verify_slots if tree else None, mask=tree.verify_mask if tree else None)
         return out.logits, (out.aux if feats else out.hidden)
+
+    def _propose(self, b: StepBuffers):
+        """The drafter's part of a step: project the features the last verification (or the prefill)
+        staged, catch up on its emitted tokens, then draft the chain or tree."""
+        b.catch_hidden.copy_(self.drafter.project(b.catch_features))
+        self._catch_up(b)
+        if b.tree is not None:
+            self._draft_tree(b)
+        else:
+            self._chain(b)
 
     def _catch_up(self, b: StepBuffers):
         """Drafter pass over the k+1 slots of the last verification's emitted tokens; keeps the row
@@ -364,10 +419,6 @@ class Engine:
         tb.q_row.copy_(draft.q_row)
         if tb.q is not None:  # the drafter's q over the target vocabulary, for the acceptance test
             tb.q.zero_().index_copy_(1, tb.draft_to_target, draft.q)
-
-    def _run(self, b: StepBuffers, name: str, fn):
-        graph = b.graphs.get(name)
-        return graph() if graph is not None else fn()
 
     def _accept(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
                 generator):
@@ -474,24 +525,22 @@ class Engine:
         generated = 1
         step = 0
         accept = self._accept_tree if shape.tree else self._accept
+        graph = b.graphs.get("step" if params.greedy else "step_sampled")
         while not done:
             step += 1
-            timer.start()
-            if k:
-                if step > 1:  # after the prefill the drafter has already caught up
-                    b.catch_hidden.copy_(self.drafter.project(b.catch_features))
-                    self._run(b, "catch_up", lambda: self._catch_up(b))
-                if shape.tree:
-                    if shape.sampled:  # the draws of sampled drafts, made outside any graph
-                        b.tree.uniforms.uniform_(generator=generator)
-                    self._run(b, "tree", lambda: self._draft_tree(b))
-                else:
-                    self._run(b, "chain", lambda: self._chain(b))
-            timer.mark()
-            logits, features = self._run(b, "verify", lambda: self._verify_forward(b))
-            if params.greedy:
-                self._run(b, "accept", lambda: accept(b, logits, features, params, generator))
+            if shape.sampled:  # the draws of sampled drafts, made outside any graph
+                b.tree.uniforms.uniform_(generator=generator)
+            if graph is not None:
+                logits, features = graph()  # the step's propose and verify (and greedy acceptance)
+                timer.resume(b.marks)
+                if not params.greedy:
+                    accept(b, logits, features, params, generator)
             else:
+                timer.start()
+                if k:
+                    self._propose(b)
+                timer.mark()
+                logits, features = self._verify_forward(b)
                 accept(b, logits, features, params, generator)
             timer.mark()
             packed = b.result.tolist()  # the one device-to-host sync of this step
@@ -510,34 +559,48 @@ class Engine:
                             stats.snapshot(), done, reason, tree if k else None, target_top[: len(emitted)], draft_top)
             clock = time.perf_counter()
 
+    def _prefill_forward(self, b: StepBuffers, rows: int) -> torch.Tensor:
+        """Target over the prompt (padded to `rows`), logits at its last row; the drafter's cache over
+        rows 0..rows-2 (row i pairs x[i+1] with h[i]); the last row's features staged for the first
+        catch-up. Returns logits [1, 1, V]. Padding rows write K/V past the prompt, which no query
+        sees before the steps rewrite them."""
+        ids, positions = b.prefill_ids[:, :rows], b.prefill_positions[:, :rows]  # [1, rows]
+        feats = self._features_of(b.k)
+        out = self.target.forward(ids, positions, aux_layers=feats or (), logits_rows=b.prefill_last)
+        if b.k:
+            features = out.aux if feats else out.hidden  # [1, rows, F]
+            b.catch_features[:, :1].copy_(features.index_select(1, b.prefill_last))
+            if rows > 1:
+                hidden = self.drafter.project(features[:, : rows - 1])
+                self.drafter.forward(ids[:, 1:], positions[:, : rows - 1], hidden, logits=False)
+        return out.logits
+
     def _prefill(self, b: StepBuffers, prompt_ids: list[int], params: SamplingParams, generator):
-        """Fill both caches with the prompt; stage the first draft and verification. Returns (token, its
-        probability, the target's TOP_SHOWN (token, p) there)."""
+        """Fill both caches with the prompt; stage the first catch-up and verification. Returns (token,
+        its probability, the target's TOP_SHOWN (token, p) there)."""
         dev, k = self.device, b.k
-        ids = torch.tensor([prompt_ids], dtype=torch.int64, device=dev)  # [1, P]
-        P = ids.shape[1]
-        positions = torch.arange(P, device=dev).view(1, -1)
-        feats = self._features_of(k)
-        out = self.target.forward(ids, positions, aux_layers=feats or (), last_logits_only=True)
-        logits = out.logits[0, -1:]  # [1, V]
+        P = len(prompt_ids)
+        rows = self.prefill_bucket(P)
+        b.prefill_ids[0, :P].copy_(torch.tensor(prompt_ids, dtype=torch.int64))
+        b.prefill_ids[0, P:rows].zero_()
+        b.prefill_last.fill_(P - 1)
+        graph = b.graphs.get(f"prefill{rows}")
+        logits = (graph() if graph is not None else self._prefill_forward(b, rows))[0]  # [1, V]
         probs = target_probs(logits, params)
         if params.greedy:
             token = logits.argmax(-1)  # [1]
         else:
-            token = verify_sampled(ids.new_zeros(0), probs, generator)[1]
+            token = verify_sampled(logits.new_zeros(0, dtype=torch.int64), probs, generator)[1]
         if b.tree is not None:
             b.tree.root_token.copy_(token.view(1))
             b.tree.root_slot.fill_(P)
         else:
             b.verify_tokens[:, :1].copy_(token.view(1, 1))
             b.verify_positions.copy_(torch.arange(P, P + k + 1, device=dev).view(1, -1))
-        if k:
-            hidden = self.drafter.project(out.aux if feats else out.hidden)  # [1, P, Hd]
-            tokens = torch.cat((ids[:, 1:], token.view(1, 1)), dim=1)  # x[i+1] pairs with h[i]
-            d_logits, d_hidden = self.drafter.forward(tokens, positions, hidden)
-            b.root_logits.copy_(d_logits[:, -1:])
-            b.draft_hidden.copy_(d_hidden[:, -1:])
-            b.draft_position.fill_(P)
+        if k:  # the first catch-up redoes the prompt's last drafter row: (first token, h[P-1]) at P-1
+            b.catch_tokens[0, :1].copy_(token.view(1))
+            b.catch_positions.copy_(torch.arange(P - 1, P + k, device=dev).view(1, -1))
+            b.catch_last.zero_()
         top = probs[0].topk(TOP_SHOWN)
         packed = torch.cat((token.view(1).double(), probs[0].gather(0, token.view(1)).double(),
                             top.indices.double(), top.values.double())).tolist()  # the prefill's one host sync
@@ -624,6 +687,10 @@ class _StepTimer:
 
     def start(self):
         self.marks = [self._now()]
+
+    def resume(self, marks):
+        """Continue from marks recorded elsewhere (inside a replayed graph)."""
+        self.marks = list(marks)
 
     def mark(self):
         self.marks.append(self._now())

@@ -132,12 +132,13 @@ class Target:
         return self.cache
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, aux_layers: tuple[int, ...] = (),
-                last_logits_only: bool = False, slots: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> TargetOutput:
+                last_logits_only: bool = False, logits_rows: torch.Tensor | None = None,
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> TargetOutput:
         """Run tokens at positions through the decoder, writing their K/V into the cache at `slots`
         (default: the positions) and attending as `mask` allows (default: causal over the slots; a
         draft tree passes its own, demo/tree.py). `aux_layers` names the residual streams to return
-        (id i: the stream entering layer i), in that order.
+        (id i: the stream entering layer i), in that order. Logits are computed at every row, the last
+        only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names.
 
         No blocking CPU operation happens here: it is captured as a CUDA graph as it stands.
         """
@@ -165,7 +166,10 @@ class Target:
         if c.num_layers in aux_layers:
             streams[c.num_layers] = x  # id L: the last layer's output before the final norm
         hidden = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)  # [B, q, H]
-        logits = self.lm_head(hidden[:, -1:] if last_logits_only else hidden)
+        if logits_rows is not None:
+            logits = self.lm_head(hidden.index_select(1, logits_rows))  # [B, R, V]
+        else:
+            logits = self.lm_head(hidden[:, -1:] if last_logits_only else hidden)
         return TargetOutput(logits=logits, hidden=hidden, aux=torch.cat([streams[i] for i in aux_layers], dim=-1) if aux_layers else None)
 
 

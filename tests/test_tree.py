@@ -88,7 +88,7 @@ def _tree_of(engine, depth, tree, prompt=PROMPT):
     b = engine.prepare(shape)
     with torch.inference_mode():
         engine._prefill(b, prompt, GenerationConfig().sampling, None)
-        engine._draft_tree(b)
+        engine._propose(b)
     return b
 
 
@@ -182,7 +182,7 @@ def test_sampled_drafts_are_draws_from_q_and_the_tree_keeps_every_candidate():
     with torch.inference_mode():
         engine._prefill(b, PROMPT, GenerationConfig(temperature=1.0).sampling, torch.Generator().manual_seed(0))
         b.tree.uniforms.uniform_(generator=torch.Generator().manual_seed(1))
-        engine._draft_tree(b)
+        engine._propose(b)
     q = b.tree.q  # [R, V] rows are distributions over the target vocabulary
     assert torch.allclose(q.sum(-1), torch.ones(q.shape[0]))
     tokens, rows = b.verify_tokens[0], b.tree.q_row

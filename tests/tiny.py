@@ -104,7 +104,7 @@ class OracleDrafter(nn.Module):
     def project(self, features):
         return features
 
-    def forward(self, tokens, positions, hidden, slots=None, mask=None):
+    def forward(self, tokens, positions, hidden, slots=None, mask=None, logits=True):
         # the row at position i pairs token x[i+1] with feature h[i]: it predicts x[i+2]
         first = nn.functional.one_hot(self.table[positions + 2], self.vocab_size)
         second = nn.functional.one_hot(self.runner_up[positions + 2], self.vocab_size)
