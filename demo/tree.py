@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 # Drafter cache slots reserved past the context for frontier nodes ((depth - 1) * topk of them).
 TREE_SCRATCH = 512
-MAX_TREE_TOPK = 16
+MAX_TREE_TOPK = 32
 MAX_DRAFT_TOKENS = 256  # verified per step, the root included
 
 
