@@ -101,8 +101,7 @@ class StepBuffers:
     draft_hidden: torch.Tensor  # [1, 1, Hd] its hidden output there
     draft_position: torch.Tensor  # [1, 1] int64: the drafter position of the first draft's row
     result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
-    draft_top_ids: torch.Tensor | None = None  # [D, TOP_SHOWN] int64: a chain drafter's best target ids per position
-    draft_top_q: torch.Tensor | None = None  # [D, TOP_SHOWN] float32: their q
+    chain_logits: torch.Tensor | None = None  # [D, Vd]: a chain drafter's logits at each draft position
     prefill_ids: torch.Tensor | None = None  # [1, C] int64: the prompt, padded to its bucket (C: the context)
     prefill_positions: torch.Tensor | None = None  # [1, C] int64: 0..C-1
     prefill_last: torch.Tensor | None = None  # [1] int64: the prompt's last row
@@ -272,8 +271,7 @@ class Engine:
             draft_hidden=zeros(1, 1, hd, dtype=t.dtype),
             draft_position=zeros(1, 1),
             result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
-            draft_top_ids=zeros(max(k, 1), TOP_SHOWN),
-            draft_top_q=torch.full((max(k, 1), TOP_SHOWN), -1.0, device=dev),
+            chain_logits=zeros(max(k, 1), vd, dtype=t.dtype),
             prefill_ids=zeros(1, self.max_context),
             prefill_positions=torch.arange(self.max_context, device=dev).view(1, -1),
             prefill_last=zeros(1),
@@ -389,19 +387,13 @@ class Engine:
         token = self.drafter.select(b.root_logits)  # [1, 1]
         hidden, position = b.draft_hidden, b.draft_position
         b.verify_tokens[:, 1:2].copy_(token)
-        self._chain_top(b, 0, b.root_logits)
+        b.chain_logits[0].copy_(b.root_logits.view(-1))  # kept for the event's candidates (one copy a draft)
         for j in range(1, b.k):
             logits, hidden = self.drafter.forward(token, position, hidden)
             token = self.drafter.select(logits)  # [1, 1]
             position = position + 1
             b.verify_tokens[:, j + 1:j + 2].copy_(token)
-            self._chain_top(b, j, logits)
-
-    def _chain_top(self, b: StepBuffers, j: int, logits: torch.Tensor):
-        """Keep the drafter's TOP_SHOWN candidates (target ids, q) at draft position j; logits [1, 1, Vd]."""
-        top = torch.softmax(logits.view(-1).float(), dim=-1).topk(TOP_SHOWN)
-        b.draft_top_ids[j].copy_(self.drafter.to_target(top.indices))
-        b.draft_top_q[j].copy_(top.values)
+            b.chain_logits[j].copy_(logits.view(-1))
 
     def _draft_tree(self, b: StepBuffers):
         """Expand and prune the step's tree (demo/tree.py); stage its tokens, positions, slots and mask."""
@@ -443,8 +435,15 @@ class Engine:
         b.verify_positions.add_(n + 1)
         chain = torch.arange(k, device=drafts.device)  # [k] node i+1's parent is node i
         top = probs.topk(TOP_SHOWN, dim=-1)  # [k+1, TOP_SHOWN] at each emitted position
-        b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, b.draft_top_q[:k, 0], draft_p,
-                                   top.indices, top.values, b.draft_top_ids[:k], b.draft_top_q[:k]))
+        if k:  # the drafter's candidates at every draft position, in one softmax and one top-k
+            q = torch.softmax(b.chain_logits.float(), dim=-1)  # [k, Vd]
+            draft_q = q.gather(1, b.chain_logits.argmax(-1, keepdim=True)).view(-1)  # [k] q of each draft
+            q_top = q.topk(TOP_SHOWN, dim=-1)
+            q_ids, q_values = self.drafter.to_target(q_top.indices), q_top.values  # [k, TOP_SHOWN]
+        else:  # target only: no drafts
+            draft_q, q_ids, q_values = draft_p, tokens.new_zeros(0, TOP_SHOWN), draft_p.new_zeros(0, TOP_SHOWN)
+        b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, draft_q, draft_p,
+                                   top.indices, top.values, q_ids, q_values))
 
     def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
                      generator):
