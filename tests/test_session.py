@@ -64,6 +64,14 @@ def test_the_trace_keeps_every_engine_step_with_its_emitted_tokens_and_candidate
     assert trace.steps[-1].elapsed_s == trace.stats.elapsed_s
 
 
+def test_the_trace_keeps_the_requests_settings_so_the_inspector_knows_the_acceptance_rule(session):
+    request = Request.of("hello", method="eagle3", num_spec_tokens=2, temperature=0.7, draft_sampling="q",
+                         max_new_tokens=4)
+    settings = list(session.generate(request))[-1].chat.trace.settings
+    assert settings["temperature"] == 0.7 and settings["draft_sampling"] == "q" and settings["num_spec_tokens"] == 2
+    assert settings["method"] == "eagle3" and settings["mode"] == "eager"
+
+
 def test_accepted_drafts_are_marked_by_their_depth(predictable):
     # the predictable target always emits "a" and EAGLE (sharing its lm_head) always drafts it
     final = list(predictable.generate(Request.of("hi", method="eagle", num_spec_tokens=3, max_new_tokens=9)))[-1]
