@@ -270,7 +270,7 @@ def _position_html(pos: Position, texts: dict[int, str], chain: bool, last_draft
             f'<div class="sl-cands-row">{lists}</div>{out}</div>')
 
 
-def _summary(record: StepRecord, trace: RunTrace) -> str:
+def _summary(record: StepRecord) -> str:
     if record.step == 0:
         return "the prefill: the target read the prompt and chose the first token itself"
     if record.tree is None:
@@ -310,7 +310,7 @@ def render_inspector(trace: RunTrace | None, step: int | None, texts: dict[int, 
     parts = [
         f'<div class="sl-insp-head"><b>Step {record.step}</b><span class="sl-insp-time">{escape(timing)}</span>'
         f'<span class="sl-insp-nav">{_nav(record.step, len(trace.steps) - 1)}</span></div>',
-        f'<div class="sl-insp-summary">{escape(_summary(record, trace))}</div>',
+        f'<div class="sl-insp-summary">{escape(_summary(record))}</div>',
         f'<div class="sl-insp-draft">the draft: {draft}</div>' if draft else "",
         f'<div class="sl-insp-rule">{escape(RULES[rule])}</div>' if record.tree is not None else "",
         *(_position_html(p, texts, chain, last_drafted) for p in pos),
