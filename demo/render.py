@@ -5,7 +5,14 @@ Provenance of an emitted token (the words of demo/metrics.py):
 - depth 1..k: an accepted draft token, the i-th of its step's draft; coloured on one sequential
   scale (``DEPTH_COLORS``), the same colours as the acceptance chart's bars.
 - depth 0: the target's own token at the end of each step (correction or bonus): plain.
-- resampled: at T > 0, the target's own token drawn from the residual after a rejection: marked.
+- resampled: at T > 0, the target's own token drawn from the residual after a rejection: a thin
+  underline (at T = 0.8 most steps end with one, so the mark stays quiet).
+- rejected draft (the UI's latest reply only, ``rejected``): the step's draft the target turned
+  down, struck through and grey between the accepted drafts and the target's own token that
+  replaced it (demo/inspector.py says which drafts a tree's step shows). The UI hides them with a
+  toggle; they are never part of the reply's text.
+
+The latest reply's tokens carry ``data-step``: a click or a tap opens that step in the inspector.
 
 Text is escaped for HTML and for the template syntax of Gradio's HTML component (``{{ }}``, ``${}``,
 ``@children``), so model output and user text always show as text and never run. Whitespace is kept
@@ -20,7 +27,10 @@ from demo.chat import ChatState, TokenPiece, Turn
 DEPTH_COLORS = ("#e3f4a8", "#c2e6a0", "#9ed9a9", "#74c9b8", "#48b5c4",
                 "#2b98c2", "#2277b4", "#22559f", "#1e3a86", "#12255f")
 DARK_FROM_DEPTH = 6  # white text on depths 6..10
-RESAMPLED_STYLE = "background:#fde2e1;color:#8b1a1a;text-decoration:underline wavy #d62728"
+RESAMPLED_STYLE = ("text-decoration-line:underline;text-decoration-color:#d62728;text-decoration-thickness:1px;"
+                   "text-underline-offset:3px")
+REJECTED_STYLE = ("color:#8a8a8a;text-decoration-line:line-through;text-decoration-color:#8a8a8a;"
+                  "user-select:none")  # not part of the reply: copying the text leaves it out
 TEXT_STYLE = "white-space:pre-wrap;overflow-wrap:anywhere"
 
 _ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;",
@@ -38,7 +48,8 @@ def depth_color(depth: int) -> str:
     return DEPTH_COLORS[min(max(depth, 1), len(DEPTH_COLORS)) - 1]
 
 
-def token_span(p: TokenPiece) -> str:
+def token_span(p: TokenPiece, inspectable: bool = False) -> str:
+    """One emitted token; `inspectable`: it carries its step for the inspector (data-step)."""
     if not p.text:
         return ""
     if p.depth:
@@ -49,12 +60,29 @@ def token_span(p: TokenPiece) -> str:
         style, cls = f' style="{RESAMPLED_STYLE}"', "sl-tok sl-resampled"
     else:
         style, cls = "", "sl-tok sl-own"
-    return f'<span class="{cls}"{style} title="{escape(p.describe())}">{escape(p.text)}</span>'
+    step = f' data-step="{p.step}"' if inspectable else ""
+    return f'<span class="{cls}"{style} title="{escape(p.describe())}"{step}>{escape(p.text)}</span>'
 
 
-def render_reply(pieces: list[TokenPiece]) -> str:
-    """The highlighted text of one reply."""
-    return f'<div class="sl-text sl-reply" style="{TEXT_STYLE}">{"".join(token_span(p) for p in pieces)}</div>'
+def rejected_span(step: int, texts: list[str]) -> str:
+    """A step's rejected draft: struck through, grey, newlines shown as ↵ (the layout stays the reply's)."""
+    text = "".join(texts).replace("\n", "↵")
+    tip = f"step {step} · rejected draft: the target replaced it with the token after it"
+    return (f'<span class="sl-rejected" style="{REJECTED_STYLE}" title="{escape(tip)}" data-step="{step}">'
+            f"{escape(text)}</span>")
+
+
+def render_reply(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None = None,
+                 inspectable: bool = False) -> str:
+    """The highlighted text of one reply; `rejected`: step -> its rejected draft's token texts, shown
+    before the target's own token of that step; `inspectable`: tokens carry their step."""
+    rejected = rejected or {}
+    spans = []
+    for p in pieces:
+        if not p.depth and p.step in rejected:
+            spans.append(rejected_span(p.step, rejected[p.step]))
+        spans.append(token_span(p, inspectable))
+    return f'<div class="sl-text sl-reply" style="{TEXT_STYLE}">{"".join(spans)}</div>'
 
 
 def render_user(text: str) -> str:
@@ -68,17 +96,21 @@ def render_turn(role: str, body_html: str, label: str = "", note: str = "") -> s
             f"{body_html}{tail}</div>")
 
 
-def render_turn_of(turn: Turn) -> str:
+def render_turn_of(turn: Turn, rejected: dict[int, list[str]] | None = None, inspectable: bool = False) -> str:
     """One turn of the conversation: the user's text, or the reply with its token provenance."""
     if turn.role == "user":
         return render_turn("user", render_user(turn.text), "You")
     note = {"streaming": "generating…", "stopped": "(stopped)"}.get(turn.state, "")
-    return render_turn("assistant", render_reply(turn.pieces), turn.label, note)
+    return render_turn("assistant", render_reply(turn.pieces, rejected, inspectable), turn.label, note)
 
 
-def render_chat(chat: ChatState) -> str:
-    """The whole conversation as the UI and the API's `html` show it."""
-    return '<div class="sl-chat">' + "".join(render_turn_of(t) for t in chat.turns) + "</div>"
+def render_chat(chat: ChatState, rejected: dict[int, list[str]] | None = None) -> str:
+    """The whole conversation as the UI and the API's `html` show it. The latest reply, the one
+    chat.trace records, is inspectable and shows `rejected` (step -> rejected draft texts)."""
+    latest = max((i for i, t in enumerate(chat.turns) if t.role == "assistant"), default=-1) if chat.trace else -1
+    return '<div class="sl-chat">' + "".join(
+        render_turn_of(t, rejected, True) if i == latest else render_turn_of(t)
+        for i, t in enumerate(chat.turns)) + "</div>"
 
 
 def render_legend(k: int) -> str:
@@ -92,8 +124,13 @@ def render_legend(k: int) -> str:
             f'<span class="sl-legend-item">accepted draft token, by depth in the draft: {swatches}</span>'
             '<span class="sl-legend-item"><span class="sl-swatch sl-own" title="the target\'s own token">'
             "abc</span> the target's own token (1 per step)</span>"
-            f'<span class="sl-legend-item"><span class="sl-swatch" style="{RESAMPLED_STYLE}" '
-            'title="resampled after a rejection">abc</span> resampled after a rejection (T &gt; 0)</span>'
+            f'<span class="sl-legend-item sl-legend-long"><span class="sl-swatch" style="{REJECTED_STYLE}" '
+            'title="a rejected draft">abc</span> rejected draft: the rest of a chain\'s draft; in a tree, the '
+            "drafter's first choice below the last accepted token</span>"
+            f'<span class="sl-legend-item sl-legend-long"><span class="sl-swatch" style="{RESAMPLED_STYLE}" '
+            'title="resampled after a rejection">abc</span> thin red underline: at T &gt; 0 the target\'s token '
+            "was resampled, drawn from what is left of p after a rejection</span>"
+            '<span class="sl-legend-item sl-legend-hint">click or tap a token to inspect its step</span>'
             "</div>")
 
 

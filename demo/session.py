@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 import torch
@@ -101,6 +101,10 @@ class Request:
         """What the engine runs: k = 0 for the target alone."""
         return replace(self.gen, num_spec_tokens=self.k)
 
+    def settings(self) -> dict:
+        """The request as plain data (JSON-ready): method, mode, compare and the engine's settings."""
+        return {"method": self.method, "mode": self.mode, "compare": self.compare, **asdict(self.engine_config())}
+
 
 DEFAULT_REQUEST = Request("")
 
@@ -158,6 +162,7 @@ class Models:
         # how more models like these load (the device and dtype as asked: "auto" stays "auto")
         self.load_args = dict(device=str(self.device), dtype=dtype_label(self.target.dtype))
         self._engines: dict[tuple[str, str], Engine] = {}
+        self.token_text_cache: dict[int, str] = {}  # token id -> its text alone (Session.token_texts)
         self.drafters: dict = {m: None for m in DRAFT_METHODS}
         self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
         self.drafter_warnings: dict[str, list[str]] = {m: [] for m in DRAFT_METHODS}
@@ -239,9 +244,14 @@ class Session:
         return self.models.describe()
 
     def token_texts(self, ids: list[int]) -> list[str]:
-        """Each token's own text, decoded alone (a draft tree's labels; special tokens kept)."""
-        return self.tokenizer.batch_decode([[int(i)] for i in ids], skip_special_tokens=False,
-                                           clean_up_tokenization_spaces=False)
+        """Each token's own text, decoded alone (a draft tree's labels; special tokens kept). Kept per
+        Models: the page redraws every step's rejected draft at every step it streams."""
+        texts = self.models.token_text_cache
+        missing = [int(i) for i in dict.fromkeys(ids) if int(i) not in texts]
+        if missing:
+            texts.update(zip(missing, self.tokenizer.batch_decode([[i] for i in missing], skip_special_tokens=False,
+                                                                  clean_up_tokenization_spaces=False)))
+        return [texts[int(i)] for i in ids]
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -420,7 +430,7 @@ class Session:
                 engine.prepare(shape)
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
-        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k))
+        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k), settings=request.settings())
         chat.comparison = None
         decoder = IncrementalDecoder(self.tokenizer)
         for event in engine.generate(ids, gen):

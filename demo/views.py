@@ -23,6 +23,8 @@ import gradio as gr
 from demo.chat import ChatState, RunTrace
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
+from demo.headline import baseline_key, record_baseline, render_headline
+from demo.inspector import rejected_texts, render_inspector, shown_ids
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
@@ -88,6 +90,10 @@ class Controls:
     throughput: gr.Plot
     tree: gr.Plot
     tree_step: gr.Slider
+    headline: gr.HTML  # tokens per target call and the speedup, large
+    show_rejected: gr.Checkbox
+    inspector: gr.HTML  # the step of a clicked or tapped token (its JS sends the step)
+    baselines: gr.State  # the visitor's measured target-only tokens/s, by baseline_key(model, mode)
     # "Your own models": local mode only (public mode neither builds them nor registers their events)
     target_spec: gr.Textbox | None = None
     eagle_spec: gr.Textbox | None = None
@@ -147,11 +153,24 @@ def tree_view(session: Session, trace: RunTrace | None, step: int | None = None)
     return tree_figure(tree, session.token_texts([trace.roots[i], *tree.tokens]), i + 1)
 
 
-def tree_step_update(trace: RunTrace | None):
-    """The step slider over the run's trees, on the latest (Gradio wants maximum > minimum, so it
-    spans 1..2, disabled, until there are two)."""
+def tree_step_update(trace: RunTrace | None, step: int | None = None):
+    """The step slider over the run's trees, on `step` (None: the latest) (Gradio wants maximum >
+    minimum, so it spans 1..2, disabled, until there are two)."""
     n = len(trace.trees) if trace else 0
-    return gr.update(maximum=max(n, 2), value=max(n, 1), interactive=n > 1)
+    return gr.update(maximum=max(n, 2), value=min(max(step or n, 1), max(n, 1)), interactive=n > 1)
+
+
+def conversation_html(session: Session, chat: ChatState) -> str:
+    """The conversation as the page shows it: the latest reply inspectable, with its rejected drafts
+    (the show-rejected toggle hides them in the browser)."""
+    return render_chat(chat, rejected_texts(chat.trace, session.token_texts))
+
+
+def inspector_html(session: Session, trace: RunTrace | None, step: int | None) -> str:
+    """Step `step` of the run taken apart (demo/inspector.py), its tokens' texts from the tokenizer."""
+    record = trace.steps[step] if trace and step is not None and 0 <= step < len(trace.steps) else None
+    ids = shown_ids(record) if record else []
+    return render_inspector(trace, step, dict(zip(ids, session.token_texts(ids))) if ids else {})
 
 
 def method_choices(session: Session) -> list[tuple[str, str]]:
@@ -179,8 +198,11 @@ def compare_options(method: str) -> dict:
 
 # ---------------------------------------------------------------------- layout
 def build_chat_column(k: int) -> dict:
+    headline = gr.HTML(render_headline(None), elem_id="sl-headline")
     legend = gr.HTML(render_legend(k), elem_id="sl-legend")
+    show_rejected = gr.Checkbox(True, label="show rejected drafts", elem_id="sl-show-rejected", container=False)
     conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation")
+    inspector = gr.HTML(render_inspector(None, None, {}), elem_id="sl-inspector", js_on_load=read_asset("inspect.js"))
     with gr.Row(elem_id="sl-input-row"):
         # lines > 1: Gradio's textbox inserts a newline on Enter and submits on Shift+Enter
         prompt = gr.Textbox(placeholder=PROMPT_HINT,
@@ -192,8 +214,9 @@ def build_chat_column(k: int) -> dict:
                 clear = gr.Button("Clear", elem_id="sl-clear", min_width=55)
     status = gr.HTML("", elem_id="sl-status")
     comparison = gr.HTML("", elem_id="sl-comparison")
-    return dict(legend=legend, conversation=conversation, prompt=prompt, generate=generate, stop=stop,
-                clear=clear, status=status, comparison=comparison)
+    return dict(headline=headline, legend=legend, show_rejected=show_rejected, conversation=conversation,
+                inspector=inspector, prompt=prompt, generate=generate, stop=stop, clear=clear, status=status,
+                comparison=comparison)
 
 
 def build_settings(session: Session, hosting: Hosting) -> dict:
@@ -283,7 +306,8 @@ def build_layout(session: Session, hosting: Hosting) -> Controls:
         with gr.Column(scale=5, elem_id="sl-charts"):
             tree_parts = build_tree_panel()
             plots = {name: build_chart(name, figure) for name, figure in empty.items()}
-    return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), notices=notices, stats=stats,
+    return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), baselines=gr.State({}),
+                    notices=notices, stats=stats,
                     **chat_parts, **settings, **plots, **tree_parts)
 
 
@@ -312,8 +336,8 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
             chat = session.add_user_turn(values[c.chat], checked(session, values[c.prompt], values))
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
-        return {c.chat: chat, c.conversation: render_chat(chat), c.prompt: "", c.comparison: "",
-                c.status: status_html("starting…")}
+        return {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
+                c.status: status_html("starting…"), c.inspector: render_inspector(None, None, {})}
 
     def bot(values: dict) -> Iterator[dict]:
         """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most
@@ -323,14 +347,19 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         try:
             session = visitor_session(values[c.model])
             request = checked(session, chat.turns[-1].text if chat.turns else "", values)
+            key = baseline_key(session.name, request.mode)
             for update in session.reply(chat, request):
                 now = time.monotonic()
                 if not update.done and now - last_text < TEXT_INTERVAL_S:
                     continue
                 last_text = now
-                out = {c.chat: update.chat, c.conversation: render_chat(update.chat),
+                trace = update.chat.trace
+                out = {c.chat: update.chat, c.conversation: conversation_html(session, update.chat),
                        c.status: status_html(update.status, "done" if update.done else "info"),
-                       c.stats: render_stats(panel_stats(session, update.chat.trace), DEFINITIONS)}
+                       c.stats: render_stats(panel_stats(session, trace), DEFINITIONS),
+                       c.headline: render_headline(trace, values[c.baselines].get(key), update.chat.comparison)}
+                if update.done:
+                    out[c.baselines] = record_baseline(values[c.baselines], key, trace, update.chat.comparison)
                 if update.done or now - last_figures >= FIGURE_INTERVAL_S:
                     out.update(zip(c.plots, figures_of(update.chat.trace)))
                     out[c.tree] = tree_view(session, update.chat.trace)
@@ -345,15 +374,16 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
 
-    def stop(chat):
+    def stop(chat, model):
         running = bool(chat.turns) and (chat.turns[-1].role == "user" or chat.turns[-1].state == "streaming")
         chat.mark_stopped()
-        return {c.chat: chat, c.conversation: render_chat(chat),
+        return {c.chat: chat, c.conversation: conversation_html(shown_session(model), chat),
                 c.status: status_html("stopped", "done") if running else gr.skip()}
 
     def clear(model):
         chat = ChatState()
         return {c.chat: chat, c.conversation: render_chat(chat), c.status: "", c.comparison: "",
+                c.headline: render_headline(None), c.inspector: render_inspector(None, None, {}),
                 c.stats: render_stats(panel_stats(shown_session(model), None), DEFINITIONS),
                 **dict(zip(c.plots, figures_of(None))), c.tree: tree_view(shown_session(model), None),
                 c.tree_step: tree_step_update(None)}
@@ -407,7 +437,22 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         return {c.legend: render_legend(int(k)), c.status: gr.skip()}
 
     def show_tree(chat, step, model):
-        return tree_view(shown_session(model), chat.trace, step)
+        """The slider's step in the tree view and in the inspector."""
+        session = shown_session(model)
+        return {c.tree: tree_view(session, chat.trace, step), c.inspector: inspector_html(session, chat.trace, step)}
+
+    def inspect(chat, model, evt: gr.EventData):
+        """A token (or a step button) was clicked or tapped: its step in the inspector and, when the
+        step drafted, in the tree view; step -1 closes the inspector."""
+        step = evt._data.get("step") if isinstance(evt._data, dict) else None
+        trace = chat.trace
+        if not isinstance(step, int) or trace is None or not 0 <= step < len(trace.steps):
+            return {c.inspector: render_inspector(None, None, {}), c.tree: gr.skip(), c.tree_step: gr.skip()}
+        session = shown_session(model)
+        drafted = trace.steps[step].tree is not None
+        return {c.inspector: inspector_html(session, trace, step),
+                c.tree: tree_view(session, trace, step) if drafted else gr.skip(),
+                c.tree_step: tree_step_update(trace, step) if drafted else gr.skip()}
 
     def method_options(method):
         return gr.update(**compare_options(method))
@@ -425,19 +470,19 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     # Neither half shows progress on its outputs: a refusal is the toast alone, since a status tracker
     # would leave a red "Error" badge over the conversation, the prompt box and the status after it fades.
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status], show_progress="hidden",
-                 **engine)
-    then = dict(fn=bot, inputs={c.chat, c.model, *c.settings},
-                outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step],
-                show_progress="hidden", **engine)
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status, c.inspector],
+                 show_progress="hidden", **engine)
+    then = dict(fn=bot, inputs={c.chat, c.model, c.baselines, *c.settings},
+                outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step,
+                         c.headline, c.baselines], show_progress="hidden", **engine)
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
     # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
     # that is once the reply has ended, so no late step of it can overwrite what they show.
-    c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status],
-                                                  **engine)
+    c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat, c.model],
+                                                  outputs=[c.chat, c.conversation, c.status], **engine)
     c.clear.click(None, cancels=runs, **ui).then(
-        clear, inputs=[c.model],
-        outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree, c.tree_step], **engine)
+        clear, inputs=[c.model], outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree,
+                                          c.tree_step, c.headline, c.inspector], **engine)
     loads = [c.model, c.method, c.notices, c.status, c.stats]
     c.preset.input(choose_preset, inputs=[c.preset, c.model], outputs=[c.preset, *loads], **engine)
     if c.load is not None:  # local mode only: public mode registers no event that names a path or a hub id
@@ -449,8 +494,14 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     c.method.change(method_options, inputs=[c.method], outputs=[c.compare], queue=False, **ui)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], queue=False, **ui)
     # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)
-    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree], trigger_mode="always_last",
-                      show_progress="hidden", **ui)
+    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree, c.inspector],
+                      trigger_mode="always_last", show_progress="hidden", **ui)
+    # a clicked or tapped token's step (assets/inspect.js sends it); like the slider, reads the trace only
+    c.inspector.click(inspect, inputs=[c.chat, c.model], outputs=[c.inspector, c.tree, c.tree_step],
+                      trigger_mode="always_last", show_progress="hidden", **ui)
+    # rejected drafts are always in the page's HTML; the toggle shows or hides them in the browser
+    c.show_rejected.change(None, inputs=[c.show_rejected], js="(show) => { document.body.classList.toggle("
+                           "'sl-hide-rejected', !show); return []; }", **ui)
 
 
 def register_api(cache: ModelCache, hosting: Hosting) -> None:

@@ -10,9 +10,9 @@ import pytest
 
 from demo.figures import CHART_DEFINITIONS, acceptance_figure
 from demo.metrics import DEFINITIONS, AcceptanceStats
-from demo.chat import IncrementalDecoder, TokenPiece, provenance
-from demo.render import (DEPTH_COLORS, depth_color, render_comparison, render_legend, render_reply, render_stats,
-                         render_user)
+from demo.chat import ChatState, IncrementalDecoder, RunTrace, TokenPiece, Turn, provenance
+from demo.render import (DEPTH_COLORS, depth_color, render_chat, render_comparison, render_legend, render_reply,
+                         render_stats, render_user)
 from tests.tiny_chat import byte_tokenizer
 
 
@@ -83,8 +83,43 @@ def test_accepted_drafts_are_coloured_by_depth_and_own_tokens_are_plain():
     assert tags[0]["class"] == "sl-tok sl-draft sl-d1" and depth_color(1) in tags[0]["style"]
     assert tags[1]["class"] == "sl-tok sl-draft sl-d2" and depth_color(2) in tags[1]["style"]
     assert tags[2]["class"] == "sl-tok sl-own" and "style" not in tags[2]
-    assert tags[3]["class"] == "sl-tok sl-resampled" and "wavy" in tags[3]["style"]
+    assert tags[3]["class"] == "sl-tok sl-resampled" and "underline" in tags[3]["style"]
     assert len(set(DEPTH_COLORS)) == len(DEPTH_COLORS) == 10
+
+
+def test_a_resampled_token_is_marked_by_a_thin_underline_only():
+    # at T = 0.8 most steps end with a resampled token: the mark must not paint the text
+    style = [a for t, a in shown(render_reply([TokenPiece(4, "d", 4, 0, 0.25, resampled=True)])).tags
+             if t == "span"][0]["style"]
+    assert "text-decoration-thickness:1px" in style
+    assert "background" not in style and "wavy" not in style and not re.search(r"(^|;)color:", style)
+
+
+def test_a_rejected_draft_shows_struck_between_the_accepted_drafts_and_the_targets_token():
+    # step 3 accepted "a" and "b", rejected the draft " x\ny", then the target emitted "c"
+    pieces = [TokenPiece(1, "a", 3, 1, 0.9), TokenPiece(2, "b", 3, 2, 0.8), TokenPiece(3, "c", 3, 0, 0.5),
+              TokenPiece(4, "d", 4, 1, 0.5), TokenPiece(5, "e", 4, 0, 0.5)]
+    html = render_reply(pieces, {3: [" x", "\ny"]})
+    page = shown(html)
+    assert page.text == "ab x↵ycde"  # newlines of a rejected draft do not break the reply's lines
+    spans = [a for t, a in page.tags if t == "span"]
+    assert [a["class"] for a in spans][:4] == ["sl-tok sl-draft sl-d1", "sl-tok sl-draft sl-d2", "sl-rejected",
+                                               "sl-tok sl-own"]
+    assert spans[2]["data-step"] == "3" and "line-through" in spans[2]["style"]
+    assert "user-select:none" in spans[2]["style"]  # copying the reply leaves the rejected draft out
+    assert shown(render_reply(pieces)).text == "abcde"  # without rejected drafts, the reply's text alone
+
+
+def test_only_the_latest_reply_carries_its_steps_and_rejected_drafts():
+    old = Turn("assistant", "ab", [TokenPiece(1, "a", 0, 0, 0.5), TokenPiece(2, "b", 1, 0, 0.5)])
+    new = Turn("assistant", "cd", [TokenPiece(3, "c", 0, 0, 0.5), TokenPiece(4, "d", 1, 0, 0.5)])
+    chat = ChatState([Turn("user", "hi"), old, Turn("user", "more"), new], trace=RunTrace("eagle3", "eager", 3,
+                                                                                          AcceptanceStats(3)))
+    tags = [a for t, a in shown(render_chat(chat, {1: ["z"]})).tags if t == "span"]
+    assert [a.get("data-step") for a in tags] == [None, None, "0", "1", "1"]  # old turn: none; latest: each token
+    assert shown(render_chat(chat, {1: ["z"]})).text.count("z") == 1
+    no_trace = [a for t, a in shown(render_chat(ChatState(chat.turns))).tags if t == "span"]
+    assert all("data-step" not in a for a in no_trace)  # no run to inspect
 
 
 def test_hover_shows_step_depth_and_probability():
@@ -141,6 +176,9 @@ def test_legend_shows_one_swatch_per_depth():
         assert depth_color(d) in legend
     assert depth_color(6) not in legend
     assert "target's own token" in shown(legend).text and "resampled" in legend
+    text = shown(legend).text
+    assert "rejected draft" in text and "first choice below the last accepted token" in text
+    assert "thin red underline" in text and "click or tap a token" in text
 
 
 def test_stats_panel_shows_numbers_with_their_definitions():

@@ -3,6 +3,7 @@ target-only comparison, chat turns, drafter swaps and the random-init fallback."
 
 import copy
 import dataclasses
+import types
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,24 @@ def test_the_trace_keeps_every_engine_step_with_its_emitted_tokens_and_candidate
         assert len(s.target_top) == len(s.token_ids)
         assert (s.draft_top is None) == (s.step == 0) and len(s.draft_ids) == (2 if s.step else 0)
     assert trace.steps[-1].elapsed_s == trace.stats.elapsed_s
+
+
+def test_the_trace_keeps_the_requests_settings_so_the_inspector_knows_the_acceptance_rule(session):
+    request = Request.of("hello", method="eagle3", num_spec_tokens=2, temperature=0.7, draft_sampling="q",
+                         max_new_tokens=4)
+    settings = list(session.generate(request))[-1].chat.trace.settings
+    assert settings["temperature"] == 0.7 and settings["draft_sampling"] == "q" and settings["num_spec_tokens"] == 2
+    assert settings["method"] == "eagle3" and settings["mode"] == "eager"
+
+
+def test_token_texts_decode_each_token_alone_and_only_once():
+    session = tiny_session()
+    decode, calls = session.tokenizer.batch_decode, []
+    session.models.tokenizer = types.SimpleNamespace(batch_decode=lambda seqs, **kw: calls.append(seqs) or
+                                                     decode(seqs, **kw))
+    assert session.token_texts([0, 1, 0]) == ["a", "b", "a"]  # id i is byte "a" + i
+    assert session.token_texts([1, 2]) == ["b", "c"]
+    assert calls == [[[0], [1]], [[2]]]  # the page redraws every rejected draft each step: known ids cost nothing
 
 
 def test_accepted_drafts_are_marked_by_their_depth(predictable):
