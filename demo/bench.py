@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Generator
 
 from demo.methods import (COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label,
                           num_drafts)
@@ -246,10 +246,22 @@ def run(args: argparse.Namespace) -> dict:
 
 def measure(engine, tokenizer, questions: list[dict], args: argparse.Namespace,
             on_prompt: Callable[[int], None] | None = None) -> dict:
+    """``measuring`` run to its end; `on_prompt(n)` is called after each question with the number done."""
+    steps = measuring(engine, tokenizer, questions, args)
+    while True:
+        try:
+            done = next(steps)
+        except StopIteration as end:
+            return end.value
+        if on_prompt is not None:
+            on_prompt(done)
+
+
+def measuring(engine, tokenizer, questions: list[dict], args: argparse.Namespace) -> Generator[int, None, dict]:
     """Warm up `engine`, then decode every question with the settings of `args` (as parse_args
-    makes them); returns the report (records and totals), JSON-ready. `on_prompt(n)` is called
-    after each question with the number done. The CLI's run, and the app's benchmark tab on the
-    engines it already holds, both measure through here."""
+    makes them), yielding the number of questions done after each; returns the report (records and
+    totals), JSON-ready. The CLI's run, and the app's benchmark tab on the engines it already
+    holds (it stops between questions when the visitor does), both measure through here."""
     from demo.metrics import AcceptanceStats
     from demo.prompts import chat_ids
 
@@ -280,8 +292,7 @@ def measure(engine, tokenizer, questions: list[dict], args: argparse.Namespace,
                                       "target_only_tokens": len(reference)}
             records.append(record)
             messages.append({"role": "assistant", "content": answer})
-        if on_prompt is not None:
-            on_prompt(done)
+        yield done
     report = {"records": records,
               "totals": {"config": describe_config(args, engine), "num_prompts": len(records),
                          "categories": category_rows(records),
