@@ -139,6 +139,7 @@ class RunTrace:
     trees: list[DraftTree] = field(default_factory=list)  # each drafting step's tree; trees[i] is step i + 1's
     roots: list[int] = field(default_factory=list)  # the token each tree hangs from: the last one emitted before it
     finish_reason: str | None = None
+    settings: dict = field(default_factory=dict)  # the request as plain data (Request.settings()), for the trace download
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 import torch
@@ -100,6 +100,10 @@ class Request:
     def engine_config(self) -> GenerationConfig:
         """What the engine runs: k = 0 for the target alone."""
         return replace(self.gen, num_spec_tokens=self.k)
+
+    def settings(self) -> dict:
+        """The request as plain data (JSON-ready): method, mode, compare and the engine's settings."""
+        return {"method": self.method, "mode": self.mode, "compare": self.compare, **asdict(self.engine_config())}
 
 
 DEFAULT_REQUEST = Request("")
@@ -420,7 +424,7 @@ class Session:
                 engine.prepare(shape)
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
-        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k))
+        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k), settings=request.settings())
         chat.comparison = None
         decoder = IncrementalDecoder(self.tokenizer)
         for event in engine.generate(ids, gen):
