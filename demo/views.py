@@ -20,6 +20,7 @@ from typing import Iterator
 
 import gradio as gr
 
+from demo.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
 from demo.chat import ChatState, RunTrace
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
@@ -31,6 +32,7 @@ from demo.presets import PRESETS
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape, default_tree
 from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
                           RequestError, Session, panel_stats, preset_names)
+from demo.trace_download import build_trace_download, register_trace_download
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -93,6 +95,8 @@ class Controls:
     eagle_spec: gr.Textbox | None = None
     eagle3_spec: gr.Textbox | None = None
     load: gr.Button | None = None
+    trace_download: gr.DownloadButton | None = None  # the latest run's trace (demo/trace_download.py)
+    bench: BenchControls | None = None  # the Benchmark tab (demo/bench_tab.py)
 
     @property
     def settings(self) -> set:
@@ -267,6 +271,15 @@ def build_tree_panel() -> dict:
 
 
 def build_layout(session: Session, hosting: Hosting) -> Controls:
+    """Two tabs: the chat page, and the Benchmark tab (demo/bench_tab.py)."""
+    with gr.Tabs(elem_id="sl-tabs"):
+        with gr.Tab("Chat", id="chat", elem_id="sl-tab-chat"):
+            controls = build_chat_page(session, hosting)
+        controls.bench = build_bench_tab(session, hosting)
+    return controls
+
+
+def build_chat_page(session: Session, hosting: Hosting) -> Controls:
     with gr.Sidebar(open=True, width=340, elem_id="sl-sidebar"):
         settings = build_settings(session, hosting)
     gr.Markdown(read_asset("intro.md"), elem_id="sl-intro")
@@ -278,13 +291,14 @@ def build_layout(session: Session, hosting: Hosting) -> Controls:
         with gr.Column(scale=6, elem_id="sl-main"):
             chat_parts = build_chat_column(session.default_draft()[0])
             stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
+            trace_download = build_trace_download()
             gr.Examples([[p] for p in example_prompts()], inputs=[chat_parts["prompt"]], label="Example prompts",
                         examples_per_page=len(example_prompts()))
         with gr.Column(scale=5, elem_id="sl-charts"):
             tree_parts = build_tree_panel()
             plots = {name: build_chart(name, figure) for name, figure in empty.items()}
     return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), notices=notices, stats=stats,
-                    **chat_parts, **settings, **plots, **tree_parts)
+                    trace_download=trace_download, **chat_parts, **settings, **plots, **tree_parts)
 
 
 # ---------------------------------------------------------------------- listeners
@@ -433,9 +447,9 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
     # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
     # that is once the reply has ended, so no late step of it can overwrite what they show.
-    c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat], outputs=[c.chat, c.conversation, c.status],
-                                                  **engine)
-    c.clear.click(None, cancels=runs, **ui).then(
+    stopped = c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat],
+                                                          outputs=[c.chat, c.conversation, c.status], **engine)
+    cleared = c.clear.click(None, cancels=runs, **ui).then(
         clear, inputs=[c.model],
         outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree, c.tree_step], **engine)
     loads = [c.model, c.method, c.notices, c.status, c.stats]
@@ -451,6 +465,8 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     # the tree of another step: reads the chat's trace, never the engine (so it answers while streaming)
     c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree], trigger_mode="always_last",
                       show_progress="hidden", **ui)
+    register_trace_download(c.trace_download, c.chat, c.model, [*runs, stopped], cleared, cache)
+    register_bench_listeners(c.bench, c.model, cache, hosting)
 
 
 def register_api(cache: ModelCache, hosting: Hosting) -> None:
