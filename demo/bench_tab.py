@@ -18,6 +18,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from demo import zerogpu
 from demo.bench_figures import bench_figure
 from demo.bench_plan import (BUNDLED_PROMPTS, BenchConfig, BenchPlan, category_table, check_prompts,
                              pick_prompts, report_text, run_plan, summary_rows)
@@ -269,7 +270,7 @@ def register_bench_listeners(b: BenchControls, model: gr.State, cache: ModelCach
 
     ui = dict(api_visibility="private")
     inputs = [model, b.prompt_file, *b.plan_inputs]
-    running = b.run.click(run_benchmark, inputs=inputs, outputs=b.results,
+    running = b.run.click(zerogpu.on_gpu(run_benchmark, zerogpu.BENCH_SECONDS), inputs=inputs, outputs=b.results,
                           show_progress_on=[b.summary, b.chart], concurrency_id=ENGINE, **ui)
     b.stop.click(None, cancels=[running], **ui).then(bench_stopped, outputs=[b.status], **ui)
     b.prompt_file.change(describe_prompts, inputs=inputs,
