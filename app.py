@@ -6,8 +6,9 @@
     python app.py --public              # as on a Space: presets only, per-visitor limits (demo/hosting.py)
 
 Public when SPACE_ID is set (a Hugging Face Space), local otherwise; --public / --local choose.
-Honours GRADIO_SERVER_NAME / GRADIO_SERVER_PORT. Launch and wiring only: the UI is demo/views.py,
-the models and requests demo/session.py, the hosting limits demo/hosting.py.
+Honours GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, and the SPECLENS_* variables of demo/settings.py
+(a Space's settings: preset, what the page offers first, queue size). Launch and wiring only: the UI
+is demo/views.py, the models and requests demo/session.py, the hosting limits demo/hosting.py.
 """
 
 from __future__ import annotations
@@ -55,21 +56,28 @@ def build_session(args: argparse.Namespace):
 def main(argv=None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
+    from demo import zerogpu
     from demo.loading import LoadError
+    from demo.settings import AppSettings
 
     try:
+        settings = AppSettings.from_env()
+        args.preset = args.preset or settings.preset  # --preset wins over SPECLENS_PRESET
         session = build_session(args)
-    except (LoadError, ValueError) as e:  # a bad preset, path, hub id, device or dtype: one line, no traceback
+        settings.check(session.methods(), session.name)
+    except (LoadError, ValueError) as e:  # a bad setting, preset, path, hub id, device or dtype: one line, no traceback
         raise SystemExit(f"speclens: {e}") from None
-    if not args.no_warmup:
+    if zerogpu.active():  # no GPU is attached outside a spaces.GPU call
+        print(f"[speclens] ZeroGPU: eager mode only ({zerogpu.GRAPHS_OFF}); no warm-up at start", flush=True)
+    elif not args.no_warmup:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
-    from demo.hosting import QUEUE_MAX_SIZE, Hosting
+    from demo.hosting import Hosting
     from demo.views import CSS_PATH, build_demo
 
     hosting = Hosting.choose(args.public)
-    demo = build_demo(session, hosting)
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
+    demo = build_demo(session, hosting, defaults=settings)
+    demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
     print(f"[speclens] ready after {time.perf_counter() - start:.1f} s on {session.describe()['device']}, "
           f"{'public' if hosting.public else 'local'}", flush=True)
     demo.launch(share=args.share, css_paths=[CSS_PATH], **hosting.launch_options(demo))

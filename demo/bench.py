@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, Generator
 
 from demo.methods import (COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label,
                           num_drafts)
@@ -237,17 +238,39 @@ def run(args: argparse.Namespace) -> dict:
     """Load, warm up, decode every prompt; returns the report (records and totals), JSON-ready."""
     from tqdm import tqdm
 
+    questions = load_questions(args)
+    engine, tokenizer = build_engine(args)
+    with tqdm(total=len(questions), desc="prompts", unit="prompt", file=sys.stderr, disable=None) as bar:
+        return measure(engine, tokenizer, questions, args, on_prompt=lambda done: bar.update(1))
+
+
+def measure(engine, tokenizer, questions: list[dict], args: argparse.Namespace,
+            on_prompt: Callable[[int], None] | None = None) -> dict:
+    """``measuring`` run to its end; `on_prompt(n)` is called after each question with the number done."""
+    steps = measuring(engine, tokenizer, questions, args)
+    while True:
+        try:
+            done = next(steps)
+        except StopIteration as end:
+            return end.value
+        if on_prompt is not None:
+            on_prompt(done)
+
+
+def measuring(engine, tokenizer, questions: list[dict], args: argparse.Namespace) -> Generator[int, None, dict]:
+    """Warm up `engine`, then decode every question with the settings of `args` (as parse_args
+    makes them), yielding the number of questions done after each; returns the report (records and
+    totals), JSON-ready. The CLI's run, and the app's benchmark tab on the engines it already
+    holds (it stops between questions when the visitor does), both measure through here."""
     from demo.metrics import AcceptanceStats
     from demo.prompts import chat_ids
 
-    questions = load_questions(args)
-    engine, tokenizer = build_engine(args)
     warmup_s = warm_up(engine, tokenizer, questions, args)
     k = num_drafts(args.method, args.num_spec_tokens)
     totals = AcceptanceStats(num_spec_tokens=k)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
     records = []
-    for q in tqdm(questions, desc="prompts", unit="prompt", file=sys.stderr, disable=None):
+    for done, q in enumerate(questions, 1):
         messages = []
         for turn, text in enumerate(q["turns"] if args.all_turns else q["turns"][:1], 1):
             messages.append({"role": "user", "content": text})
@@ -269,6 +292,7 @@ def run(args: argparse.Namespace) -> dict:
                                       "target_only_tokens": len(reference)}
             records.append(record)
             messages.append({"role": "assistant", "content": answer})
+        yield done
     report = {"records": records,
               "totals": {"config": describe_config(args, engine), "num_prompts": len(records),
                          "categories": category_rows(records),

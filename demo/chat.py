@@ -159,7 +159,7 @@ class RunTrace:
     points: list[StepPoint] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)  # every engine step, the prefill first
     finish_reason: str | None = None
-    settings: dict = field(default_factory=dict)  # the request as plain data (Request.settings()): the acceptance rule
+    settings: dict = field(default_factory=dict)  # the request as plain data (Request.settings()): the acceptance rule, the trace download
 
     @property
     def trees(self) -> list[DraftTree]:

@@ -7,11 +7,13 @@ from taking it from the others. Each limit is a named constant here, next to its
   choose among presets only. The custom target / drafter fields and the Load button are not built
   and their events are not registered, so no request can name a path or a hub id. Each client
   may hold CLIENT_GENERATIONS generations, queued or running (``ClientLimit``), and on a CPU a
-  request may ask for at most CPU_WORK_BUDGET verified tokens (``Hosting.check_work``).
+  request may ask for at most CPU_WORK_BUDGET verified tokens (``Hosting.check_work``), and a run of
+  the Benchmark tab at most BENCH_WORK_BUDGET (``Hosting.check_bench_work``).
 
-In both modes Gradio's queue holds at most QUEUE_MAX_SIZE events, and /gradio_api/upload takes
-files of at most MAX_FILE_SIZE (the app has no file input). A visitor's preset is theirs alone
-(views.py keeps it in gr.State); the loaded models are shared read-only (demo/session.py ModelCache).
+In both modes Gradio's queue holds at most QUEUE_MAX_SIZE events (SPECLENS_QUEUE_SIZE may set
+another, demo/settings.py), and /gradio_api/upload takes files of at most MAX_FILE_SIZE (the one
+file input is the Benchmark tab's prompt file). A visitor's preset is theirs alone (views.py keeps
+it in gr.State); the loaded models are shared read-only (demo/session.py ModelCache).
 
 A client that goes away stops its generation at the next step: Gradio marks a job dead when its
 event stream (the page's /queue/data, or the GET of a /call) closes, and asks a streaming handler
@@ -36,13 +38,18 @@ CLIENT_GENERATIONS = 1  # public: generations one client may have queued or runn
 # tokens verified per step (twice over with the target-only comparison, which verifies one per
 # step): 512 new tokens with the CPU's default tree of 8, about 15 s of a 2-core CPU on the default.
 CPU_WORK_BUDGET = 4096
+# public: what one run of the Benchmark tab may have the target verify, summed over its configurations
+# (prompts x (max new tokens + the warm-up's) x tokens verified per step, demo/bench_plan.py): on a
+# CPU as much as one chat request; on a GPU, which verifies a step's tokens in about the time of one,
+# 8 times that. It holds the engine (every visitor's generations wait behind it), so it stays short.
+BENCH_WORK_BUDGET = {"cpu": CPU_WORK_BUDGET, "cuda": 8 * CPU_WORK_BUDGET}
 # On a Space every request comes from its proxy, which appends the visitor's address to
 # X-Forwarded-For; entries left of the ones its proxies append come from the client and could be forged.
 SPACE_PROXY_HOPS = 1
 
 # The handlers (by function name, views.py) that generate, and those of them that start a generation.
-HOLDS_GENERATION = ("user", "bot", "generate")
-STARTS_GENERATION = ("user", "generate")
+HOLDS_GENERATION = ("user", "bot", "generate", "run_benchmark")
+STARTS_GENERATION = ("user", "generate", "run_benchmark")
 BUSY = ("You already have a generation running or waiting (one at a time per visitor): wait for it to "
         "end, or press Stop, then try again.")
 
@@ -69,6 +76,18 @@ class Hosting:
                                f"({max_new} new tokens x {per_step} verified per step); this public CPU app "
                                f"allows {CPU_WORK_BUDGET:,} per request. Lower max new tokens, or draft fewer "
                                "tokens per step.")
+
+    def bench_budget(self, device) -> int | None:
+        """Public: the most a benchmark run may have the target verify on `device` (None: no limit)."""
+        return BENCH_WORK_BUDGET.get(device.type, CPU_WORK_BUDGET) if self.public else None
+
+    def check_bench_work(self, work: int, device) -> None:
+        """Public: refuse a benchmark that would have the target verify more than BENCH_WORK_BUDGET tokens."""
+        budget = self.bench_budget(device)
+        if budget is not None and work > budget:
+            raise RequestError(f"This benchmark would have the target verify up to {work:,} tokens; this public app "
+                               f"allows {budget:,} per run. Choose fewer prompts, fewer max new tokens, or fewer "
+                               "methods, modes or k values.")
 
     def launch_options(self, demo) -> dict:
         """demo.launch keywords: the upload bound, and in public mode the per-client limit."""

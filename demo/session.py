@@ -315,6 +315,10 @@ class Session:
     # ------------------------------------------------------------------ engines
     def cudagraph_unavailable(self) -> str | None:
         """Why CUDA-graph mode cannot run here, or None when it can."""
+        from demo import zerogpu
+
+        if zerogpu.active():
+            return zerogpu.GRAPHS_OFF
         if self.device.type != "cuda":
             return f"CUDA graphs need a CUDA GPU; this app runs on {self.device.type}"
         return None

@@ -20,6 +20,8 @@ from typing import Iterator
 
 import gradio as gr
 
+from demo import zerogpu
+from demo.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
 from demo.chat import ChatState, RunTrace
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
@@ -33,6 +35,8 @@ from demo.presets import PRESETS
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape, default_tree
 from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
                           RequestError, Session, panel_stats, preset_names)
+from demo.settings import AppSettings
+from demo.trace_download import build_trace_download, register_trace_download
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -99,6 +103,8 @@ class Controls:
     eagle_spec: gr.Textbox | None = None
     eagle3_spec: gr.Textbox | None = None
     load: gr.Button | None = None
+    trace_download: gr.DownloadButton | None = None  # the latest run's trace (demo/trace_download.py)
+    bench: BenchControls | None = None  # the Benchmark tab (demo/bench_tab.py)
 
     @property
     def settings(self) -> set:
@@ -219,11 +225,11 @@ def build_chat_column(k: int) -> dict:
                 comparison=comparison)
 
 
-def build_settings(session: Session, hosting: Hosting) -> dict:
+def build_settings(session: Session, hosting: Hosting, defaults: AppSettings = AppSettings()) -> dict:
     preset = gr.Dropdown(preset_options(session.device), value=session.name if session.name in PRESETS else None,
                          label="Model preset", elem_id="sl-preset")
-    method = gr.Radio(method_choices(session), value=default_method(session), label="Drafting method",
-                      elem_id="sl-method")
+    method = gr.Radio(method_choices(session), value=defaults.method or default_method(session),
+                      label="Drafting method", elem_id="sl-method")
     unavailable = session.cudagraph_unavailable()
     gen = DEFAULT_REQUEST.gen
     mode = gr.Radio([(label, mode) for mode, label in MODE_LABELS.items()], value=DEFAULT_REQUEST.mode, label="Mode",
@@ -231,6 +237,7 @@ def build_settings(session: Session, hosting: Hosting) -> dict:
                     info=f"CUDA graph unavailable: {unavailable}." if unavailable else
                     "CUDA graph: each step replays graphs captured before the first request.")
     k, tree = session.default_draft()
+    k = defaults.k or k
     lo, hi = LIMITS["num_spec_tokens"]
     num_spec_tokens = gr.Slider(lo, hi, value=k, step=1, label="k: chain length or tree depth", elem_id="sl-k",
                                 info="draft tokens per step in a chain; a tree's depth")
@@ -248,8 +255,8 @@ def build_settings(session: Session, hosting: Hosting) -> dict:
     temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
                             info="0 = greedy (identical to target-only)", elem_id="sl-temperature")
     top_p = gr.Slider(*LIMITS["top_p"], value=gen.top_p, step=0.01, label="Top-p", elem_id="sl-top-p")
-    max_new_tokens = gr.Slider(*LIMITS["max_new_tokens"], value=gen.max_new_tokens, step=1, label="Max new tokens",
-                               elem_id="sl-max-new")
+    max_new_tokens = gr.Slider(*LIMITS["max_new_tokens"], value=defaults.max_new_tokens or gen.max_new_tokens, step=1,
+                               label="Max new tokens", elem_id="sl-max-new")
     seed = gr.Number(gen.seed, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
                      elem_id="sl-seed")
     compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
@@ -289,9 +296,18 @@ def build_tree_panel() -> dict:
     return dict(tree=tree, tree_step=tree_step)
 
 
-def build_layout(session: Session, hosting: Hosting) -> Controls:
+def build_layout(session: Session, hosting: Hosting, defaults: AppSettings = AppSettings()) -> Controls:
+    """Two tabs: the chat page, and the Benchmark tab (demo/bench_tab.py)."""
+    with gr.Tabs(elem_id="sl-tabs"):
+        with gr.Tab("Chat", id="chat", elem_id="sl-tab-chat"):
+            controls = build_chat_page(session, hosting, defaults)
+        controls.bench = build_bench_tab(session, hosting)
+    return controls
+
+
+def build_chat_page(session: Session, hosting: Hosting, defaults: AppSettings) -> Controls:
     with gr.Sidebar(open=True, width=340, elem_id="sl-sidebar"):
-        settings = build_settings(session, hosting)
+        settings = build_settings(session, hosting, defaults)
     gr.Markdown(read_asset("intro.md"), elem_id="sl-intro")
     with gr.Accordion("What am I looking at?", open=True, elem_id="sl-explainer"):
         gr.Markdown(read_asset("explainer.md"))
@@ -299,15 +315,16 @@ def build_layout(session: Session, hosting: Hosting) -> Controls:
     empty = dict(zip(["acceptance", "acceptance_length", "latency", "throughput"], figures_of(None)))
     with gr.Row(elem_id="sl-top"):
         with gr.Column(scale=6, elem_id="sl-main"):
-            chat_parts = build_chat_column(session.default_draft()[0])
+            chat_parts = build_chat_column(defaults.k or session.default_draft()[0])
             stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
+            trace_download = build_trace_download()
             gr.Examples([[p] for p in example_prompts()], inputs=[chat_parts["prompt"]], label="Example prompts",
                         examples_per_page=len(example_prompts()))
         with gr.Column(scale=5, elem_id="sl-charts"):
             tree_parts = build_tree_panel()
             plots = {name: build_chart(name, figure) for name, figure in empty.items()}
     return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), baselines=gr.State({}),
-                    notices=notices, stats=stats,
+                    notices=notices, stats=stats, trace_download=trace_download,
                     **chat_parts, **settings, **plots, **tree_parts)
 
 
@@ -472,15 +489,15 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
                  outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status, c.inspector],
                  show_progress="hidden", **engine)
-    then = dict(fn=bot, inputs={c.chat, c.model, c.baselines, *c.settings},
+    then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.baselines, *c.settings},
                 outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step,
                          c.headline, c.baselines], show_progress="hidden", **engine)
     runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
     # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
     # that is once the reply has ended, so no late step of it can overwrite what they show.
-    c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat, c.model],
-                                                  outputs=[c.chat, c.conversation, c.status], **engine)
-    c.clear.click(None, cancels=runs, **ui).then(
+    stopped = c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat, c.model],
+                                                          outputs=[c.chat, c.conversation, c.status], **engine)
+    cleared = c.clear.click(None, cancels=runs, **ui).then(
         clear, inputs=[c.model], outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree,
                                           c.tree_step, c.headline, c.inspector], **engine)
     loads = [c.model, c.method, c.notices, c.status, c.stats]
@@ -502,6 +519,8 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     # rejected drafts are always in the page's HTML; the toggle shows or hides them in the browser
     c.show_rejected.change(None, inputs=[c.show_rejected], js="(show) => { document.body.classList.toggle("
                            "'sl-hide-rejected', !show); return []; }", **ui)
+    register_trace_download(c.trace_download, c.chat, c.model, [*runs, stopped], cleared, cache)
+    register_bench_listeners(c.bench, c.model, cache, hosting)
 
 
 def register_api(cache: ModelCache, hosting: Hosting) -> None:
@@ -533,15 +552,17 @@ def register_api(cache: ModelCache, hosting: Hosting) -> None:
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
 
-    gr.api(generate, api_name="generate", concurrency_id=ENGINE)
+    gr.api(zerogpu.on_gpu(generate), api_name="generate", concurrency_id=ENGINE)
 
 
-def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache | None = None) -> gr.Blocks:
+def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache | None = None,
+               defaults: AppSettings = AppSettings()) -> gr.Blocks:
     """The app on `session`'s models (the default every visitor starts with); other presets load
-    into `cache` (by default one made for `session`) when a visitor chooses them."""
+    into `cache` (by default one made for `session`) when a visitor chooses them. `defaults`: what the
+    page offers first (demo/settings.py, from SPECLENS_* variables)."""
     cache = cache or ModelCache.for_session(session)
     with gr.Blocks(title="SpecLens: watch speculative decoding", fill_width=True) as demo:
-        controls = build_layout(session, hosting)
+        controls = build_layout(session, hosting, defaults)
         register_listeners(controls, cache, hosting)
         register_api(cache, hosting)
     return demo
