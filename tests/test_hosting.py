@@ -142,7 +142,7 @@ def test_public_app_registers_no_event_that_loads_a_path_or_a_hub_id():
     assert "load_custom" in local  # local mode: your own models, as before
     assert public == local - {"load_custom"}
     assert public == {"user", "bot", "stop", "clear", None, "choose_preset", "k_changed", "k_released",
-                      "method_options", "shape_options", "show_tree", "load_example", "trace_download", "no_trace",
+                      "method_options", "shape_options", "show_tree", "inspect", "load_example", "trace_download", "no_trace",
                       "run_benchmark", "bench_stopped", "describe_prompts", "plan_work", "models_changed",
                       "generate"}  # None: Stop and Clear's cancel-only triggers
 
