@@ -133,6 +133,13 @@ class TreeBuffers:
     draft_to_target: torch.Tensor  # [Vd] int64: target id of every draft id
 
 
+def prefill_rows(n: int, max_context: int) -> int:
+    """The bucket of a prompt of n tokens: the next power of two from PREFILL_MIN_BUCKET, at most the
+    context. A GPU runs every prompt so, in eager mode as in graph mode (so both compute the same),
+    and each bucket's graph and library plans are made once."""
+    return min(max(PREFILL_MIN_BUCKET, 1 << (n - 1).bit_length()), max_context)
+
+
 def compile_step(fn: Callable[[], object]):
     """torch.compile a step function before capture: static shapes, one graph, and eager's rounding
     points kept (inductor's emulate_precision_casts rounds fused intermediates to the tensor dtype
@@ -187,12 +194,14 @@ class Engine:
     """Target plus optional drafter, run eagerly or from CUDA graphs captured before generation."""
 
     def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool | str = False,
-                 max_context: int = 2048):
+                 max_context: int = 2048, pad_prefill: bool | None = None):
         """compile: False; "drafter" or True (the drafter's captured steps only, as in the vLLM change
         this project comes from: verification keeps eager's numerics, so the output stays eager's
         token for token and only drafting time can move); or "all" (every captured step,
         verification too: fastest, but the target's rounding changes, so the text may move at
-        near-ties)."""
+        near-ties).
+
+        pad_prefill: run prompts padded to their bucket (``prefill_rows``); None: on a GPU."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         compile = "drafter" if compile is True else compile
@@ -205,6 +214,7 @@ class Engine:
         self.mode = mode
         self.compile = compile
         self.max_context = min(max_context, target.config.max_position_embeddings)
+        self.pad_prefill = target.device.type == "cuda" if pad_prefill is None else pad_prefill
         self.eos_token_ids = target.eos_token_ids
         self._buffers: dict[DraftShape, StepBuffers] = {}
         self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
@@ -297,12 +307,8 @@ class Engine:
         return b
 
     def prefill_bucket(self, n: int) -> int:
-        """The rows a prompt of n tokens runs at: on a GPU the next power of two from
-        PREFILL_MIN_BUCKET, at most the context (eager pads as graph mode does, so both compute the
-        same, and each bucket's library plans are made once); on a CPU n itself."""
-        if self.device.type != "cuda":
-            return n
-        return min(max(PREFILL_MIN_BUCKET, 1 << (n - 1).bit_length()), self.max_context)
+        """The rows a prompt of n tokens runs at (``prefill_rows``; n itself unless pad_prefill)."""
+        return prefill_rows(n, self.max_context) if self.pad_prefill else n
 
     def prefill_buckets(self) -> list[int]:
         """Every bucket a prompt can fall in on a GPU (one prefill graph each)."""

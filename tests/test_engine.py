@@ -187,3 +187,26 @@ def test_events_carry_each_positions_top_candidates_for_the_inspector(tree, temp
         assert len(e.draft_top) == 3
         for row, draft, q in zip(e.draft_top, e.draft_ids, e.tree.draft_probs):  # the chain drafts its first choice
             assert row[0] == (draft, pytest.approx(q, rel=1e-5)) and [x for _, x in row] == sorted(x for _, x in row)[::-1]
+
+
+def test_prefill_buckets_are_powers_of_two_from_the_smallest_up_to_the_context():
+    from demo.engine import PREFILL_MIN_BUCKET, prefill_rows
+
+    assert [prefill_rows(n, 300) for n in (1, PREFILL_MIN_BUCKET, PREFILL_MIN_BUCKET + 1, 200, 257, 300)] == \
+        [PREFILL_MIN_BUCKET, PREFILL_MIN_BUCKET, 2 * PREFILL_MIN_BUCKET, 256, 300, 300]
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
+def test_a_prompt_padded_to_its_bucket_emits_what_the_unpadded_prompt_emits(tree):
+    # a GPU pads every prompt (eager and graph alike); the padding rows' K/V lie past the prompt,
+    # where no query looks before a step rewrites them
+    hf = tiny_hf("llama")
+    ref = hf_greedy(hf, PROMPT, 30)
+    target = Target(hf)
+    drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
+    outs = {}
+    for pad in (False, True):
+        engine = Engine(target, drafter, max_context=200, pad_prefill=pad)
+        outs[pad] = run(engine, PROMPT, max_new_tokens=30, num_spec_tokens=3, tree=tree, stop_token_ids=())
+    assert outs[True][0] == outs[False][0] == ref
+    assert [e.draft_ids for e in outs[True][1]] == [e.draft_ids for e in outs[False][1]]  # the drafter saw the same
