@@ -1,7 +1,7 @@
 """One step taken apart (demo/inspector.py): the rejected draft a step shows, each draft's verdict
 under the three acceptance rules, and the inspector's HTML. Hand-made steps, no model."""
 
-from html.parser import HTMLParser
+from tests.html_text import shown
 
 import pytest
 
@@ -12,22 +12,7 @@ from demo.metrics import AcceptanceStats
 from demo.tree import DraftTree
 
 
-class _Page(HTMLParser):
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.text, self.tags = "", []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.text += data
-
-
-def page(html: str) -> _Page:
-    p = _Page()
-    p.feed(html)
-    return p
+page = shown
 
 
 TOP5 = [(90, 0.5), (91, 0.2), (92, 0.1), (93, 0.05), (94, 0.01)]

@@ -1,7 +1,6 @@
 """Token provenance -> escaped HTML (demo/render.py): escaping, structure, provenance marks, and
 per-token text from incremental decoding."""
 
-from html.parser import HTMLParser
 
 import re
 from pathlib import Path
@@ -13,27 +12,10 @@ from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.chat import ChatState, IncrementalDecoder, RunTrace, TokenPiece, Turn, provenance
 from demo.render import (DEPTH_COLORS, depth_color, render_chat, render_comparison, render_legend, render_reply,
                          render_stats, render_user)
+from tests.html_text import shown
 from tests.tiny_chat import byte_tokenizer
 
 
-class _Text(HTMLParser):
-    """Collects the text a browser would show, and the tags it would build."""
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.text, self.tags = "", []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data):
-        self.text += data
-
-
-def shown(html: str) -> _Text:
-    p = _Text()
-    p.feed(html)
-    return p
 
 
 def pieces_of(texts, depths=None) -> list[TokenPiece]:
