@@ -1,6 +1,16 @@
-"""Where a decoding step's time goes: kernels launched and device time per phase of one step.
+"""Speed side by side, and where a decoding step's time goes.
 
+    python -m demo.perf table --prompts assets/prompts/categories.jsonl --num-prompts 20
     python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph
+
+``table``: one process, one loaded target, the same prompts (first turns, greedy): transformers'
+``generate()`` (dynamic cache; on a GPU also a static cache with the forward compiled, transformers'
+documented recipe), then SpecLens target-only and each bundled drafter as a chain and as the
+device's default tree, in every mode the device has (eager; on a GPU cudagraph, the drafter
+compiled, and everything compiled). Each row: tokens/s, tokens per target forward, propose and
+verify ms per step, and its speed over transformers' best and over SpecLens' best target-only.
+
+Without ``table``: one step taken apart.
 
 Runs one short generation (so every buffer holds a real step's state), then calls each phase of a
 step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
@@ -134,10 +144,135 @@ def format_profile(profile: StepProfile, title: str) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- the side-by-side table
+@dataclass(frozen=True)
+class PerfRow:
+    name: str
+    tokens_per_s: float
+    mean_acceptance_length: float = 1.0
+    propose_ms: float = 0.0
+    verify_ms: float = 0.0
+    kind: str = "speclens"  # "transformers", "target" (SpecLens target-only) or "speclens" (with a drafter)
+
+
+def table_plan(device_type: str, methods: tuple[str, ...] = ("eagle3", "eagle")) -> list[tuple[str, list[str]]]:
+    """(row name, bench flags) of every SpecLens row a device measures, target-only first."""
+    from demo.tree import default_draft, default_tree
+
+    gpu = device_type == "cuda"
+    modes = [("eager", [])] + ([("cudagraph", ["--mode", "cudagraph"]),
+                                ("cudagraph + compiled drafter", ["--mode", "cudagraph", "--compile", "drafter"]),
+                                ("cudagraph + compile all", ["--mode", "cudagraph", "--compile", "all"])] if gpu else [])
+    rows = [(f"SpecLens target only, {name}", ["--method", "none", *flags]) for name, flags in modes
+            if "drafter" not in name]
+    # the fastest tree measured on the device (on a CPU, where the default draft is a chain, the best tree)
+    k_tree, tree = default_draft("cuda") if gpu else (4, default_tree(device_type))
+    chain_k = 7 if gpu else 3
+    shapes = [(f"chain k = {chain_k}", ["-k", str(chain_k)]),
+              (f"tree {k_tree} x {tree.topk}, {tree.num_draft_tokens}",
+               ["-k", str(k_tree), "--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.num_draft_tokens)])]
+    for method in methods:
+        for shape, shape_flags in shapes:
+            for name, flags in modes:
+                rows.append((f"{method} {shape}, {name}", ["--method", method, *shape_flags, *flags]))
+    return rows
+
+
+def format_table(rows: list[PerfRow]) -> str:
+    """The table, with each row's speed over transformers' best and over SpecLens' best target-only."""
+    hf = max((r.tokens_per_s for r in rows if r.kind == "transformers"), default=0.0)
+    target = max((r.tokens_per_s for r in rows if r.kind == "target"), default=0.0)
+    lines = ["| run | tokens/s | tokens per target forward | propose ms | verify ms | x transformers | x target only |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        over = lambda base: f"{r.tokens_per_s / base:.2f}" if base else "-"  # noqa: E731
+        step = (f"{r.propose_ms:.2f} | {r.verify_ms:.2f}" if r.kind != "transformers" else " | ")
+        lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {r.mean_acceptance_length:.2f} | {step} | {over(hf)} | "
+                     f"{over(target)} |")
+    return "\n".join(lines)
+
+
+@torch.inference_mode()
+def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_compiled: bool = False) -> PerfRow:
+    """transformers' own greedy ``generate()`` over the prompts (one warm-up on the first), timed."""
+    config = hf.generation_config
+    saved = (config.cache_implementation, hf.forward)
+    try:
+        if static_compiled:
+            config.cache_implementation = "static"
+            hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=config.eos_token_id)
+        device = hf.device
+        run = lambda ids: hf.generate(torch.tensor([ids], device=device), **kwargs)  # noqa: E731
+        run(prompts[0])
+        tokens, seconds = 0, 0.0
+        for ids in prompts:
+            _sync(device)
+            start = time.perf_counter()
+            out = run(ids)
+            _sync(device)
+            seconds += time.perf_counter() - start
+            tokens += out.shape[1] - len(ids)
+    finally:
+        config.cache_implementation, hf.forward = saved
+    name = "transformers generate(), " + ("static cache, compiled" if static_compiled else "dynamic cache")
+    return PerfRow(name, tokens / seconds if seconds else 0.0, kind="transformers")
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[dict], flags: list[str]) -> PerfRow:
+    """One bench run (demo.bench.measure) on an engine over the loaded target."""
+    from demo.bench import measure, parse_args
+    from demo.engine import Engine
+
+    args = parse_args(flags)
+    engine = Engine(target, drafters.get(args.method), mode=args.mode, compile=args.compile,
+                    max_context=args.max_context)
+    s = measure(engine, tokenizer, questions, args)["totals"]["summary"]
+    return PerfRow(name, s["tokens_per_s"], s["mean_acceptance_length"], s["mean_draft_ms"], s["mean_verify_ms"],
+                   "target" if args.method == "none" else "speclens")
+
+
+def run_table(argv: list[str]) -> str:
+    """Load once, measure every row of the device's plan on the same prompts; returns the table."""
+    from demo.bench import load_questions, parse_args
+    from demo.checkpoints import load_drafter
+    from demo.loading import load_target
+    from demo.presets import bundled_drafter_dir
+    from demo.prompts import chat_ids
+    from demo.target import Target
+
+    base = parse_args([*argv, "--method", "none"])
+    questions = load_questions(base)
+    hf, tokenizer = load_target(base.target, device=base.device, dtype=base.dtype)
+    target = Target(hf)
+    drafters = {m: load_drafter(str(bundled_drafter_dir(m)), target, method=m) for m in ("eagle3", "eagle")}
+    prompts = [chat_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in questions]
+    rows = [transformers_row(hf, prompts, base.max_new_tokens)]
+    if target.device.type == "cuda":
+        rows.append(transformers_row(hf, prompts, base.max_new_tokens, static_compiled=True))
+    for name, flags in table_plan(target.device.type):
+        rows.append(speclens_row(name, target, drafters, tokenizer, questions, [*argv, *flags]))
+        print(format_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    import transformers
+    head = (f"{len(questions)} prompts, {base.max_new_tokens} new tokens, greedy, {target.device} "
+            f"({torch.cuda.get_device_name() if target.device.type == 'cuda' else 'CPU'}), {target.dtype}, "
+            f"torch {torch.__version__}, transformers {transformers.__version__}")
+    return head + "\n\n" + format_table(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     from demo.bench import build_engine, generation_config, load_questions, parse_args, shape_label, tree_shape
     from demo.prompts import chat_ids
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["table"]:
+        print(run_table(argv[1:]))
+        return 0
     args = parse_args(argv)
     engine, tokenizer = build_engine(args)
     question = load_questions(args)[0]

@@ -28,3 +28,36 @@ def test_target_only_profiles_verification_and_acceptance_only():
     engine = Engine(Target(tiny_hf("llama")), None, max_context=64)
     profile = profile_step(engine, [1, 2, 3], GenerationConfig(max_new_tokens=4, num_spec_tokens=0, stop_token_ids=()))
     assert [p.name for p in profile.phases] == ["verify", "accept"]
+
+
+def test_the_table_plan_measures_every_mode_a_device_has_chains_and_trees():
+    from demo.perf import table_plan
+
+    cpu, gpu = table_plan("cpu"), table_plan("cuda")
+    assert all("--mode" not in flags for _, flags in cpu)  # a CPU has eager mode only
+    assert [name for name, _ in cpu if "target only" in name] == ["SpecLens target only, eager"]
+    for method in ("eagle3", "eagle"):
+        assert {("--tree-topk" in flags) for name, flags in gpu if name.startswith(method)} == {True, False}
+        assert {tuple(flags[flags.index("--mode"):]) for name, flags in gpu if name.startswith(method) and "--mode" in flags} \
+            == {("--mode", "cudagraph"), ("--mode", "cudagraph", "--compile", "drafter"),
+                ("--mode", "cudagraph", "--compile", "all")}
+    assert not any("drafter" in flags and "none" in flags for _, flags in gpu)  # target only has no drafter to compile
+
+
+def test_the_table_gives_each_row_its_speed_over_transformers_and_over_target_only():
+    from demo.perf import PerfRow, format_table
+
+    rows = [PerfRow("hf dynamic", 100.0, kind="transformers"), PerfRow("hf static", 200.0, kind="transformers"),
+            PerfRow("target", 250.0, kind="target"), PerfRow("eagle3", 500.0, 3.2, 1.0, 2.0)]
+    lines = format_table(rows).splitlines()
+    assert lines[-1] == "| eagle3 | 500.0 | 3.20 | 1.00 | 2.00 | 2.50 | 2.00 |"  # over the best of each
+    assert lines[2].endswith("| 0.50 | 0.40 |")
+
+
+def test_the_transformers_row_counts_the_tokens_generate_makes():
+    from demo.perf import transformers_row
+
+    hf = tiny_hf("llama")
+    hf.generation_config.eos_token_id = None  # run to the budget
+    row = transformers_row(hf, [[1, 2, 3], [4, 5]], max_new_tokens=6)
+    assert row.kind == "transformers" and row.tokens_per_s > 0 and "dynamic" in row.name

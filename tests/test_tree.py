@@ -8,7 +8,7 @@ import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
-from demo.tree import DraftShape, TreeShape, ancestors, tree_attention_mask
+from demo.tree import MAX_TREE_TOPK, DraftShape, TreeShape, ancestors, tree_attention_mask
 from tests.tiny import corrupted_oracle, hf_greedy, run, six_token_target, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
@@ -163,7 +163,7 @@ def test_a_tree_shape_that_cannot_be_drafted_is_refused():
     with pytest.raises(ValueError, match="verifies"):
         DraftShape.of(3, TreeShape(2, 20), False).check()  # 2 + 2*4 = 10 candidates, 19 asked
     with pytest.raises(ValueError, match="top-k"):
-        DraftShape.of(3, TreeShape(17, 0), False).check()
+        DraftShape.of(3, TreeShape(MAX_TREE_TOPK + 1, 64), False).check()
     hf = tiny_hf("llama")
     target = Target(hf)
     engine = Engine(target, tiny_drafter("eagle", target), max_context=64)
