@@ -202,6 +202,7 @@ def take_readme_screenshot(out: Path) -> None:
         type_and_generate(d, "Write a short story about a cat who finds a hat.")  # a long answer: more to highlight
         wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
         time.sleep(2.0)
+        d.execute_script("window.scrollTo(0, 0);")  # the title, the text and the tabs
         d.save_screenshot(str(out))
     finally:
         d.quit()
