@@ -25,7 +25,7 @@ def inner_height(driver) -> int:
 def on_screen(driver, selector: str) -> bool:
     """The first element matching selector lies wholly within the viewport, as loaded (no scrolling)."""
     box = rect(driver, css(driver, selector)[0])
-    return box["top"] >= 0 and box["left"] >= 0 and box["bottom"] <= inner_height(driver) + 1 and box["bottom"] > box["top"]
+    return 0 <= box["top"] < box["bottom"] <= inner_height(driver) + 1 and box["left"] >= 0
 
 
 def sidebar_open(driver) -> bool:
