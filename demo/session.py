@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 import torch
 
 from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, StepRecord, TokenPiece, Turn, Update,
-                       provenance, without_partial_character)
+                       provenance)
 from demo.drafter_common import DrafterConfig
 from demo.engine import Engine, GenerationConfig, StepEvent
 from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DRAFTER_CLASSES, METHOD_LABELS, METHODS,
@@ -440,11 +440,7 @@ class Session:
         for event in engine.generate(ids, gen):
             self._absorb(event, decoder, turn, chat.trace)
             yield Update(chat, f"generating: step {event.step}, {len(turn.pieces)} tokens")
-        tail = decoder.flush()
-        if tail and turn.pieces:
-            turn.pieces[-1].text += tail
-            turn.text += tail
-        turn.state = "done"
+        self._finish(decoder, turn)
         status = self._done_status(chat)
         if request.compare and k:
             yield from self._compare(chat, ids, engine, gen)
@@ -487,14 +483,28 @@ class Session:
                                           event.draft_ms, event.verify_ms, event.stats.elapsed_s,
                                           event.stats.tokens_per_s))
 
+    @staticmethod
+    def _finish(decoder: IncrementalDecoder, turn: Turn) -> None:
+        """The text the decoder still held goes to the last token; the turn is done."""
+        tail = decoder.flush()
+        if tail and turn.pieces:
+            turn.pieces[-1].text += tail
+            turn.text += tail
+        turn.state = "done"
+
     def _compare(self, chat: ChatState, ids: list[int], engine: Engine, gen: GenerationConfig) -> Iterator[Update]:
-        """The same prompt target-only (same engine, so same mode): speedup and T = 0 identity."""
-        tokens: list[int] = []
-        stats = None
+        """The same prompt target-only (same engine, so same mode), recorded like the speculative
+        run (its reply token by token, its steps and engine times): the speedup, the T = 0
+        identity, and the race's second lane."""
+        reply = Turn("assistant", "", label="target only", state="streaming")
+        trace = RunTrace("none", chat.trace.mode, 0, AcceptanceStats(0))
+        decoder = IncrementalDecoder(self.tokenizer)
         for event in engine.generate(ids, replace(gen, num_spec_tokens=0)):
-            tokens += event.token_ids
-            stats = event.stats
-            yield Update(chat, f"target-only baseline: {len(tokens)} tokens")
+            self._absorb(event, decoder, reply, trace)
+            yield Update(chat, f"target-only baseline: {len(reply.pieces)} tokens", baseline=reply,
+                         baseline_trace=trace)
+        self._finish(decoder, reply)
+        tokens = [p.token_id for p in reply.pieces]
         spec_tokens = [p.token_id for p in chat.turns[-1].pieces]
         greedy = gen.temperature <= 0
         identical = first = None
@@ -503,8 +513,7 @@ class Session:
             if not identical:
                 first = next((i for i, (a, b) in enumerate(zip(tokens, spec_tokens)) if a != b),
                              min(len(tokens), len(spec_tokens)))
-        text = without_partial_character(self.tokenizer.decode(tokens, skip_special_tokens=True))
-        chat.comparison = Comparison(chat.trace.stats.tokens_per_s, stats.tokens_per_s, greedy, identical, first, text)
+        chat.comparison = Comparison.of(chat.trace, trace, greedy, identical, first, reply)
 
     def _done_status(self, chat: ChatState) -> str:
         trace = chat.trace

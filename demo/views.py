@@ -23,6 +23,7 @@ import gradio as gr
 from demo import zerogpu
 from demo.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
 from demo.chat import ChatState, RunTrace
+from demo.engine_thread import on_engine_thread
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
 from demo.headline import baseline_key, record_baseline, render_headline
@@ -30,8 +31,10 @@ from demo.inspector import rejected_texts, render_inspector, shown_ids
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
+from demo.render_race import render_race, render_race_hint
 from demo.hosting import Hosting
 from demo.presets import PRESETS
+from demo.replay import PACES, REAL_TIME, chat_at, play, race_frames, race_scale, replay_frames, step_at
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape, default_tree
 from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
                           RequestError, Session, panel_stats, preset_names)
@@ -48,6 +51,24 @@ DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step draft
     ("pointmass: top choices, accepted with p", "pointmass"),
     ("q: drawn from q, accepted with min(1, p/q)", "q"),
 ]
+PLAYBACK = "playback"  # concurrency group of replays and races: no engine, several at once
+PLAYBACK_CONCURRENCY = 8
+# At phone width (Gradio's sidebar turns full-screen at 768 px) the settings start closed, so the
+# title, the prompt and the text come first; "Settings" opens them.
+CLOSE_SETTINGS_ON_PHONES_JS = """() => {
+  if (!window.matchMedia('(max-width: 768px)').matches) return;
+  let tries = 50;
+  const close = () => {
+    const bar = document.querySelector('#sl-sidebar');
+    if (bar && bar.classList.contains('open')) bar.querySelector('.toggle-button').click();
+    else if (!bar && tries-- > 0) setTimeout(close, 100);
+  };
+  close();
+}"""
+TOGGLE_SETTINGS_JS = "() => { document.querySelector('#sl-sidebar .toggle-button')?.click(); }"
+NOTHING_TO_REPLAY = "Nothing to replay yet: generate a reply first."
+RACE_NEEDS_COMPARISON = ("The race needs the target-only run of the same prompt: tick “Compare with target-only” "
+                         "in the settings and generate.")
 
 
 def read_asset(name: str) -> str:
@@ -72,6 +93,11 @@ class Controls:
     clear: gr.Button
     status: gr.HTML
     comparison: gr.HTML
+    settings_button: gr.Button
+    pace: gr.Radio
+    replay: gr.Button
+    race: gr.HTML
+    race_button: gr.Button
     notices: gr.HTML
     preset: gr.Dropdown
     method: gr.Radio
@@ -218,11 +244,22 @@ def build_chat_column(k: int) -> dict:
             with gr.Row():
                 stop = gr.Button("Stop", variant="stop", elem_id="sl-stop", min_width=55)
                 clear = gr.Button("Clear", elem_id="sl-clear", min_width=55)
+            settings_button = gr.Button("⚙ Settings", size="sm", elem_id="sl-settings-button")
     status = gr.HTML("", elem_id="sl-status")
     comparison = gr.HTML("", elem_id="sl-comparison")
     return dict(headline=headline, legend=legend, show_rejected=show_rejected, conversation=conversation,
-                inspector=inspector, prompt=prompt, generate=generate, stop=stop, clear=clear, status=status,
-                comparison=comparison)
+                inspector=inspector, prompt=prompt, generate=generate, stop=stop, clear=clear,
+                settings_button=settings_button, status=status, comparison=comparison)
+
+
+def build_playback_row() -> dict:
+    """How fast steps are shown, and Replay of the latest reply from its trace."""
+    with gr.Row(elem_id="sl-play-row", equal_height=True):
+        pace = gr.Radio(list(PACES), value=REAL_TIME, label="Pace", scale=4, elem_id="sl-pace",
+                        info="real time: each step after its engine time; slower: the run goes at full speed, "
+                             "then plays back step by step")
+        replay = gr.Button("↺ Replay", scale=1, min_width=96, elem_id="sl-replay")
+    return dict(pace=pace, replay=replay)
 
 
 def build_settings(session: Session, hosting: Hosting, defaults: AppSettings = AppSettings()) -> dict:
@@ -296,6 +333,26 @@ def build_tree_panel() -> dict:
     return dict(tree=tree, tree_step=tree_step)
 
 
+def build_chart_tabs() -> dict:
+    """The tree view, the charts and the race in tabs: one at a time beside the text (or under it
+    on a phone). Gradio draws a tab's contents when it is first opened, with their latest values."""
+    empty = dict(zip(["acceptance", "acceptance_length", "latency", "throughput"], figures_of(None)))
+    with gr.Tabs(elem_id="sl-chart-tabs"):
+        with gr.Tab("Draft tree", id="tree", elem_id="sl-tab-tree"):
+            tree_parts = build_tree_panel()
+        with gr.Tab("Acceptance", id="acceptance", elem_id="sl-tab-acceptance"):
+            plots = {name: build_chart(name, empty[name]) for name in ("acceptance", "acceptance_length")}
+        with gr.Tab("Time", id="time", elem_id="sl-tab-time"):
+            plots |= {name: build_chart(name, empty[name]) for name in ("latency", "throughput")}
+        with gr.Tab("Race", id="race", elem_id="sl-tab-race"):
+            race = gr.HTML(render_race_hint(), elem_id="sl-race")
+            race_button = gr.Button("▶ Race", elem_id="sl-race-button")
+            gr.Markdown("The same prompt with drafts and target-only, replayed on one clock of engine time at the "
+                        "pace chosen under the prompt (real time: as measured; slower: a target-only step lasts "
+                        "that long).", elem_classes=["sl-caption"])
+    return dict(**tree_parts, **plots, race=race, race_button=race_button)
+
+
 def build_layout(session: Session, hosting: Hosting, defaults: AppSettings = AppSettings()) -> Controls:
     """Two tabs: the chat page, and the Benchmark tab (demo/bench_tab.py)."""
     with gr.Tabs(elem_id="sl-tabs"):
@@ -309,23 +366,22 @@ def build_chat_page(session: Session, hosting: Hosting, defaults: AppSettings) -
     with gr.Sidebar(open=True, width=340, elem_id="sl-sidebar"):
         settings = build_settings(session, hosting, defaults)
     gr.Markdown(read_asset("intro.md"), elem_id="sl-intro")
-    with gr.Accordion("What am I looking at?", open=True, elem_id="sl-explainer"):
+    with gr.Accordion("What am I looking at?", open=False, elem_id="sl-explainer"):
         gr.Markdown(read_asset("explainer.md"))
     notices = gr.HTML(notices_html(session), elem_id="sl-notices")
-    empty = dict(zip(["acceptance", "acceptance_length", "latency", "throughput"], figures_of(None)))
     with gr.Row(elem_id="sl-top"):
         with gr.Column(scale=6, elem_id="sl-main"):
             chat_parts = build_chat_column(defaults.k or session.default_draft()[0])
-            stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
             trace_download = build_trace_download()
             gr.Examples([[p] for p in example_prompts()], inputs=[chat_parts["prompt"]], label="Example prompts",
-                        examples_per_page=len(example_prompts()))
+                        examples_per_page=len(example_prompts()), elem_id="sl-examples")
         with gr.Column(scale=5, elem_id="sl-charts"):
-            tree_parts = build_tree_panel()
-            plots = {name: build_chart(name, figure) for name, figure in empty.items()}
+            chart_parts = {**build_playback_row(), **build_chart_tabs()}
+    with gr.Accordion("Numbers of this run", open=True, elem_id="sl-stats-panel"):
+        stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
     return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), baselines=gr.State({}),
                     notices=notices, stats=stats, trace_download=trace_download,
-                    **chat_parts, **settings, **plots, **tree_parts)
+                    **chat_parts, **settings, **chart_parts)
 
 
 # ---------------------------------------------------------------------- listeners
@@ -354,56 +410,141 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
         return {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
-                c.status: status_html("starting…"), c.inspector: render_inspector(None, None, {})}
+                c.race: render_race_hint(), c.status: status_html("starting…"),
+                c.inspector: render_inspector(None, None, {})}
+
+    def run_view(session: Session, chat: ChatState, figures: bool = True) -> dict:
+        """The text, the stats and (with `figures`) the charts and the tree view of one chat state: one
+        source, so they always show the same tokens."""
+        out = {c.conversation: conversation_html(session, chat), c.stats: render_stats(panel_stats(session, chat.trace), DEFINITIONS)}
+        if figures:
+            out.update(zip(c.plots, figures_of(chat.trace)))
+            out[c.tree] = tree_view(session, chat.trace)
+            out[c.tree_step] = tree_step_update(chat.trace)
+        return out
+
+    def finished_race(chat: ChatState) -> str:
+        """The race panel at the finish of both runs (the hint without a comparison)."""
+        cmp = chat.comparison
+        if cmp is None or cmp.baseline_trace is None or chat.trace is None:
+            return render_race_hint()
+        steps = (len(chat.trace.points), len(cmp.baseline_trace.points))
+        t = max(chat.trace.stats.elapsed_s, cmp.baseline_trace.stats.elapsed_s)
+        return render_race(METHOD_LABELS[chat.trace.method], chat.turns[-1], chat.trace, cmp.baseline,
+                           cmp.baseline_trace, t, steps, cmp)
+
+    def comparison_html(session: Session, chat: ChatState) -> str:
+        cmp = chat.comparison
+        return render_comparison(cmp.speedup, cmp.speculative_tokens_per_s, cmp.baseline_tokens_per_s, cmp.identical,
+                                 cmp.first_difference, session.describe()["dtype"]) if cmp else ""
 
     def bot(values: dict) -> Iterator[dict]:
         """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most
-        every FIGURE_INTERVAL_S."""
+        every FIGURE_INTERVAL_S; the comparison's target-only run streams into the race panel, the
+        speculative lane beside it as it was after the same engine time. At a pace slower than real
+        time only the status moves: the run goes at full speed and `follow` plays it back."""
         chat = values[c.chat]
+        paced = PACES[values[c.pace]] is not None
         last_text = last_figures = 0.0
+        spec_shown = False  # the speculative run's last step has been drawn in full
         try:
             session = visitor_session(values[c.model])
             request = checked(session, chat.turns[-1].text if chat.turns else "", values)
             key = baseline_key(session.name, request.mode)
-            for update in session.reply(chat, request):
+            for update in on_engine_thread(session.reply(chat, request)):
                 now = time.monotonic()
                 if not update.done and now - last_text < TEXT_INTERVAL_S:
                     continue
                 last_text = now
-                trace = update.chat.trace
-                out = {c.chat: update.chat, c.conversation: conversation_html(session, update.chat),
-                       c.status: status_html(update.status, "done" if update.done else "info"),
-                       c.stats: render_stats(panel_stats(session, trace), DEFINITIONS),
-                       c.headline: render_headline(trace, values[c.baselines].get(key), update.chat.comparison)}
-                if update.done:
-                    out[c.baselines] = record_baseline(values[c.baselines], key, trace, update.chat.comparison)
-                if update.done or now - last_figures >= FIGURE_INTERVAL_S:
-                    out.update(zip(c.plots, figures_of(update.chat.trace)))
-                    out[c.tree] = tree_view(session, update.chat.trace)
-                    out[c.tree_step] = tree_step_update(update.chat.trace)
-                    last_figures = now
-                if update.done and update.chat.comparison:
-                    cmp = update.chat.comparison
-                    out[c.comparison] = render_comparison(cmp.speedup, cmp.speculative_tokens_per_s,
-                                                          cmp.baseline_tokens_per_s, cmp.identical,
-                                                          cmp.first_difference, session.describe()["dtype"])
-                yield out
+                status = {c.status: status_html(update.status, "done" if update.done else "info")}
+                trace, baselines = update.chat.trace, values[c.baselines]
+                if update.done:  # the headline of the finished run; a target-only speed it measured is kept
+                    status[c.headline] = render_headline(trace, baselines.get(key), update.chat.comparison)
+                    status[c.baselines] = record_baseline(baselines, key, trace, update.chat.comparison)
+                if paced and not update.done:
+                    yield {c.status: status_html(update.status + " · the step-by-step replay follows")}
+                elif paced:  # the replay draws it all; keep what it will play
+                    yield {c.chat: update.chat, **status, c.comparison: comparison_html(session, update.chat),
+                           c.race: finished_race(update.chat)}
+                elif update.baseline is not None and spec_shown:  # the baseline streams into the race
+                    base = update.baseline_trace
+                    t = base.stats.elapsed_s
+                    steps = (step_at(trace, t), len(base.points))
+                    yield {**status, c.race: render_race(METHOD_LABELS[trace.method], update.chat.turns[-1], trace,
+                                                         update.baseline, base, t, steps, None)}
+                else:
+                    figures = update.done or update.baseline is not None or now - last_figures >= FIGURE_INTERVAL_S
+                    out = {c.chat: update.chat, c.headline: render_headline(trace, baselines.get(key), update.chat.comparison),
+                           **status, **run_view(session, update.chat, figures)}
+                    if figures:
+                        last_figures = now
+                    spec_shown = update.baseline is not None
+                    if update.done:
+                        out[c.comparison] = comparison_html(session, update.chat)
+                        out[c.race] = finished_race(update.chat)
+                    yield out
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
 
-    def stop(chat, model):
+    def follow(chat, pace, model) -> Iterator[dict]:
+        """After a generation at a pace slower than real time: its step-by-step replay."""
+        if PACES[pace] is None:
+            yield {c.status: gr.skip()}
+            return
+        yield from replay(chat, pace, model)
+
+    def replay(chat, pace, model) -> Iterator[dict]:
+        """The latest reply again, step by step from its trace at the pace (no engine): text, stats,
+        charts and tree view of each step together."""
+        if chat.trace is None or not chat.turns or chat.turns[-1].role != "assistant" \
+                or chat.turns[-1].state == "streaming":
+            gr.Warning(NOTHING_TO_REPLAY)
+            return
+        session, n = shown_session(model), len(chat.trace.points)
+        frames = replay_frames(chat.trace, PACES[pace], TEXT_INTERVAL_S)
+        last_figures = 0.0
+        yield {**run_view(session, chat_at(chat, -1)), c.status: status_html(f"replay ({pace}): the prefill…")}
+        for frame in play(frames):
+            now = time.monotonic()
+            figures = PACES[pace] is not None or frame is frames[-1] or now - last_figures >= FIGURE_INTERVAL_S
+            last_figures = now if figures else last_figures
+            yield {**run_view(session, chat_at(chat, frame.step), figures),
+                   c.status: status_html(f"replay ({pace}): step {frame.step} of {n}")}
+        yield {**run_view(session, chat), c.status: status_html(f"replayed {n} steps ({pace}).", "done")}
+
+    def race(chat, pace) -> Iterator[dict]:
+        """The speculative run and its target-only baseline side by side on one clock of engine time,
+        from the two recorded traces (no engine)."""
+        cmp = chat.comparison
+        if cmp is None or cmp.baseline_trace is None:
+            gr.Warning(RACE_NEEDS_COMPARISON)
+            return
+        spec, base = chat.trace, cmp.baseline_trace
+        label = METHOD_LABELS[spec.method]
+        frames = race_frames(spec, base, race_scale(PACES[pace], base), TEXT_INTERVAL_S)
+        yield {c.race: render_race(label, chat.turns[-1], spec, cmp.baseline, base, 0.0, (-1, -1), None)}
+        for frame in play(frames):
+            yield {c.race: render_race(label, chat.turns[-1], spec, cmp.baseline, base, frame.t, frame.steps, cmp)}
+
+    def stop(chat, model, status):
+        """After the reply (or a replay) has ended: everything from the chat as it ended, so the stats,
+        charts and tree view count the tokens the text shows."""
         running = bool(chat.turns) and (chat.turns[-1].role == "user" or chat.turns[-1].state == "streaming")
         chat.mark_stopped()
-        return {c.chat: chat, c.conversation: conversation_html(shown_session(model), chat),
-                c.status: status_html("stopped", "done") if running else gr.skip()}
+        session = shown_session(model)
+        said = ("stopped" if running else "replay stopped: the whole reply is shown" if "replay (" in (status or "")
+                else None)
+        out = {c.chat: chat, c.conversation: conversation_html(session, chat),
+               c.status: status_html(said, "done") if said else gr.skip()}
+        if chat.trace is not None:
+            out |= {**run_view(session, chat), c.race: finished_race(chat)}
+        return out
 
     def clear(model):
         chat = ChatState()
-        return {c.chat: chat, c.conversation: render_chat(chat), c.status: "", c.comparison: "",
+        return {c.chat: chat, c.status: "", c.comparison: "", c.race: render_race_hint(),
                 c.headline: render_headline(None), c.inspector: render_inspector(None, None, {}),
-                c.stats: render_stats(panel_stats(shown_session(model), None), DEFINITIONS),
-                **dict(zip(c.plots, figures_of(None))), c.tree: tree_view(shown_session(model), None),
-                c.tree_step: tree_step_update(None)}
+                **run_view(shown_session(model), chat)}
 
     def loaded(session: Session, message: str) -> dict:
         return {c.model: session.name, c.method: gr.update(choices=method_choices(session),
@@ -487,19 +628,27 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     # Neither half shows progress on its outputs: a refusal is the toast alone, since a status tracker
     # would leave a red "Error" badge over the conversation, the prompt box and the status after it fades.
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.status, c.inspector],
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.race, c.status, c.inspector],
                  show_progress="hidden", **engine)
-    then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.baselines, *c.settings},
-                outputs=[c.chat, c.conversation, c.status, c.stats, c.comparison, *c.plots, c.tree, c.tree_step,
-                         c.headline, c.baselines], show_progress="hidden", **engine)
-    runs = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
-    # Stop and Clear cancel the running reply at once, then update the view from the engine's queue,
-    # that is once the reply has ended, so no late step of it can overwrite what they show.
-    stopped = c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat, c.model],
-                                                          outputs=[c.chat, c.conversation, c.status], **engine)
+    view = [c.conversation, c.stats, *c.plots, c.tree, c.tree_step]
+    then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.pace, c.baselines, *c.settings},
+                outputs=[c.chat, c.status, c.comparison, c.race, c.headline, c.baselines, *view],
+                show_progress="hidden", **engine)
+    # replays and races read the recorded trace only: outside the engine's queue, several at once
+    playback = dict(concurrency_id=PLAYBACK, concurrency_limit=PLAYBACK_CONCURRENCY, show_progress="hidden", **ui)
+    after = dict(fn=follow, inputs=[c.chat, c.pace, c.model], outputs=[c.status, *view], **playback)
+    replies = [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
+    runs = [*replies, *(reply.success(**after) for reply in replies),
+            c.replay.click(replay, inputs=[c.chat, c.pace, c.model], outputs=[c.status, *view], **playback),
+            c.race_button.click(race, inputs=[c.chat, c.pace], outputs=[c.race], **playback)]
+    # Stop and Clear cancel the running reply (or replay, or race) at once, then update the view from
+    # the engine's queue, that is once the reply has ended, so no late step of it can overwrite what they show.
+    stopped = c.stop.click(None, cancels=runs, **ui).then(stop, inputs=[c.chat, c.model, c.status],
+                                                          outputs=[c.chat, c.status, c.race, *view], **engine)
     cleared = c.clear.click(None, cancels=runs, **ui).then(
-        clear, inputs=[c.model], outputs=[c.chat, c.conversation, c.status, c.comparison, c.stats, *c.plots, c.tree,
-                                          c.tree_step, c.headline, c.inspector], **engine)
+        clear, inputs=[c.model],
+        outputs=[c.chat, c.status, c.comparison, c.race, c.headline, c.inspector, *view], **engine)
+    c.settings_button.click(None, js=TOGGLE_SETTINGS_JS, **ui)
     loads = [c.model, c.method, c.notices, c.status, c.stats]
     c.preset.input(choose_preset, inputs=[c.preset, c.model], outputs=[c.preset, *loads], **engine)
     if c.load is not None:  # local mode only: public mode registers no event that names a path or a hub id
@@ -519,7 +668,7 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     # rejected drafts are always in the page's HTML; the toggle shows or hides them in the browser
     c.show_rejected.change(None, inputs=[c.show_rejected], js="(show) => { document.body.classList.toggle("
                            "'sl-hide-rejected', !show); return []; }", **ui)
-    register_trace_download(c.trace_download, c.chat, c.model, [*runs, stopped], cleared, cache)
+    register_trace_download(c.trace_download, c.chat, c.model, [*replies, stopped], cleared, cache)
     register_bench_listeners(c.bench, c.model, cache, hosting)
 
 
@@ -544,7 +693,7 @@ def register_api(cache: ModelCache, hosting: Hosting) -> None:
         session = cache.session(cache.default_name)
         try:
             hosting.check_work(request, session.device)
-            for update in session.generate(request):
+            for update in on_engine_thread(session.generate(request)):
                 reply = update.chat.turns[-1]
                 yield {"html": render_chat(update.chat), "text": reply.text if reply.role == "assistant" else "",
                        "stats": panel_stats(session, update.chat.trace), "status": update.status,
@@ -565,4 +714,5 @@ def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache
         controls = build_layout(session, hosting, defaults)
         register_listeners(controls, cache, hosting)
         register_api(cache, hosting)
+        demo.load(None, js=CLOSE_SETTINGS_ON_PHONES_JS, api_visibility="private")
     return demo

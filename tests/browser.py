@@ -116,9 +116,14 @@ def usable(driver, selector: str, timeout: float = 60):
 
 
 def tree_step(driver) -> int:
-    """The step whose tree the tree view shows (0: none yet), read from the figure's title."""
-    titles = css(driver, "#sl-plot-tree .js-plotly-plot .gtitle")
-    match = re.match(r"Draft tree of step (\d+):", titles[0].text if titles else "")
+    """The step whose tree the tree view shows (0: none yet, or redrawn while read), from the figure's title."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        titles = css(driver, "#sl-plot-tree .js-plotly-plot .gtitle")
+        match = re.match(r"Draft tree of step (\d+):", titles[0].text if titles else "")
+    except StaleElementReferenceException:  # plotly replaced the title as it was read
+        return 0
     return int(match.group(1)) if match else 0
 
 
@@ -131,3 +136,33 @@ def type_and_generate(driver, prompt: str) -> None:
     usable(driver, "#sl-generate").click()
 
 
+
+
+def rect(driver, element) -> dict:
+    """The element's box in the viewport (left, top, right, bottom, in CSS pixels)."""
+    return driver.execute_script("const r = arguments[0].getBoundingClientRect();"
+                                 "return {left: r.left, top: r.top, right: r.right, bottom: r.bottom};", element)
+
+
+def show_tab(driver, tab: str) -> None:
+    """Open a tab of the charts panel ("tree", "acceptance", "time", "race"): Gradio draws a tab's
+    contents when it is opened."""
+    usable(driver, f"#sl-tab-{tab}-button").click()
+    wait_for(lambda: displayed(driver, f"#sl-tab-{tab}"), 30, f"the {tab} tab")
+
+
+def set_setting(driver, selector: str, value) -> None:
+    """Type a value into a settings field by script (the settings may be closed, on a phone)."""
+    box = wait_for(lambda: css(driver, selector), 60, selector)[0]
+    driver.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input'));"
+                          "arguments[0].dispatchEvent(new Event('blur'));", box, str(value))
+
+
+def displayed(driver, selector: str) -> bool:
+    """Whether an element matching selector is shown (one removed while it is checked is not)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return any(e.is_displayed() for e in css(driver, selector))
+    except StaleElementReferenceException:
+        return False

@@ -39,12 +39,15 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     if bundled_drafters_exist():  # a trained drafter gets drafts accepted: coloured by depth
         wait_for(lambda: css(driver, "#sl-conversation .sl-draft"), 120, "accepted (highlighted) draft tokens")
 
-    # the live charts render bars while it generates
+    # the live charts render bars while it generates (each in its tab)
+    show_tab(driver, "time")
     wait_for(lambda: css(driver, "#sl-plot-latency .js-plotly-plot g.trace.bars path"), 60, "the latency chart's bars")
-    assert css(driver, "#sl-plot-acceptance_length .js-plotly-plot g.trace.bars path")
+    show_tab(driver, "acceptance")
+    wait_for(lambda: css(driver, "#sl-plot-acceptance_length .js-plotly-plot g.trace.bars path"), 30, "the bars")
     assert "mean acceptance length" in css(driver, "#sl-stats")[0].text
 
     # the tree view draws the latest step's tree as it streams (a tree was chosen: a CPU's default is a chain)
+    show_tab(driver, "tree")
     assert "tree: depth" in css(driver, "#sl-conversation .sl-assistant .sl-role")[0].text
     wait_for(lambda: tree_step(driver) >= 2, 60, "the tree of step 2 or later")
     assert len(css(driver, "#sl-plot-tree .js-plotly-plot g.trace.scatter path.point")) >= 3  # root and drafts
@@ -82,9 +85,9 @@ def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
 
     # a tree's settings show while the shape is a tree, and hide for a chain
     next(e for e in css(driver, "#sl-shape label") if e.text == "tree").click()
-    wait_for(lambda: any(e.is_displayed() for e in css(driver, "#sl-tree-topk")), 30, "the tree settings")
+    wait_for(lambda: displayed(driver, "#sl-tree-topk"), 30, "the tree settings")
     next(e for e in css(driver, "#sl-shape label") if e.text == "chain").click()
-    wait_for(lambda: not any(e.is_displayed() for e in css(driver, "#sl-tree-topk")), 30,
+    wait_for(lambda: not displayed(driver, "#sl-tree-topk"), 30,
              "the tree settings to hide")
 
     css(driver, "#sl-custom button")[0].click()  # open "Your own models"
@@ -162,13 +165,11 @@ LONG_PROMPT = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog."
 def test_long_text_scrolls_inside_the_conversation_box(app_url, driver, size):
     driver.set_window_size(*size)
     driver.get(app_url)
-    budget = usable(driver, "#sl-max-new input[type=number]")
-    driver.execute_script("arguments[0].value = '1'; arguments[0].dispatchEvent(new Event('input'));"
-                          "arguments[0].dispatchEvent(new Event('blur'));", budget)
+    set_setting(driver, "#sl-max-new input[type=number]", 1)  # on a phone the settings start closed
     box = usable(driver, "#sl-prompt textarea")
     driver.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input'));",
                           box, LONG_PROMPT)
-    driver.execute_script("arguments[0].click();", usable(driver, "#sl-generate"))  # the phone's sidebar covers it
+    driver.execute_script("arguments[0].click();", usable(driver, "#sl-generate"))
     wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the long turn")
     time.sleep(1.0)
     chat = css(driver, "#sl-conversation")[0]
@@ -198,10 +199,10 @@ def take_readme_screenshot(out: Path) -> None:
         d.set_window_size(1600, 1200)
         d.get(url)
         wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
-        css(d, "#sl-explainer button")[0].click()  # fold the explainer: room for the charts
-        type_and_generate(d, "List five tips for learning a new language.")  # a long answer: more to highlight
+        type_and_generate(d, "Write a short story about a cat who finds a hat.")  # a long answer: more to highlight
         wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
         time.sleep(2.0)
+        d.execute_script("window.scrollTo(0, 0);")  # the title, the text and the tabs
         d.save_screenshot(str(out))
     finally:
         d.quit()

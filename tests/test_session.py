@@ -320,3 +320,26 @@ def test_models_count_their_weights_and_kv_cache_once():
     assert before >= weights
     list(s.generate(Request.of("hi", max_new_tokens=2)))  # the engine allocates the KV cache
     assert s.models.nbytes > before
+
+
+def test_the_speedup_compares_engine_time_of_both_runs_not_the_time_spent_drawing(session):
+    """A consumer that draws the page at every step of the speculative run (here: sleeps) and only
+    counts the baseline's tokens leaves the speedup a ratio of engine times: neither run counts the
+    drawing."""
+    import time
+
+    drawing, spec_started, spec_ended = 0.0, time.perf_counter(), None
+    for update in session.generate(Request.of("compare me", method="eagle3", max_new_tokens=24, compare=True)):
+        if update.status.startswith("generating"):
+            time.sleep(0.02)
+            drawing += 0.02
+        elif spec_ended is None:
+            spec_ended = time.perf_counter()
+    chat = update.chat
+    spec, base = chat.trace.stats, chat.comparison.baseline_trace.stats
+    assert chat.comparison.speculative_tokens_per_s == spec.num_generated / spec.elapsed_s
+    assert chat.comparison.baseline_tokens_per_s == base.num_generated / base.elapsed_s
+    assert chat.comparison.speedup == pytest.approx((spec.num_generated / spec.elapsed_s) /
+                                                    (base.num_generated / base.elapsed_s))
+    assert drawing > 0 and spec.elapsed_s < (spec_ended - spec_started) - drawing
+    assert [p.token_id for p in chat.comparison.baseline.pieces] == [p.token_id for p in chat.turns[-1].pieces]
