@@ -62,11 +62,12 @@ def stats_at(trace: RunTrace, step: int) -> AcceptanceStats:
 
 
 def trace_at(trace: RunTrace, step: int) -> RunTrace:
-    """The trace as it was after `step`: its points, trees and totals so far."""
+    """The trace as it was after `step`: its points, steps (the prefill is step 0), so its trees,
+    and totals so far."""
     done = step >= len(trace.points)
     shown = max(step, 0)
-    return replace(trace, stats=stats_at(trace, step), points=trace.points[:shown], trees=trace.trees[:shown],
-                   roots=trace.roots[:shown], finish_reason=trace.finish_reason if done else None)
+    return replace(trace, stats=stats_at(trace, step), points=trace.points[:shown], steps=trace.steps[:max(step + 1, 0)],
+                   finish_reason=trace.finish_reason if done else None)
 
 
 def pieces_at(pieces: list[TokenPiece], step: int) -> list[TokenPiece]:

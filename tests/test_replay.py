@@ -59,6 +59,7 @@ def test_a_trace_at_a_step_has_that_steps_points_and_trees_only(recorded):
     before = copy.deepcopy(trace)
     mid = trace_at(trace, 2)
     assert [p.step for p in mid.points] == [1, 2] and len(mid.trees) == len(mid.roots) == 2
+    assert [s.step for s in mid.steps] == [0, 1, 2] and trace_at(trace, -1).steps == []  # the prefill is step 0
     assert mid.finish_reason is None and trace_at(trace, len(trace.points)).finish_reason == trace.finish_reason
     assert trace == before  # the recorded trace is left as it was
 
