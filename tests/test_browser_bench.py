@@ -76,7 +76,9 @@ def test_a_finished_reply_downloads_as_a_trace_of_its_steps(app_url, driver, tmp
     wait_for(lambda: "sl-status-done" in css(driver, "#sl-status")[0].get_attribute("innerHTML"), 120, "the reply")
     usable(driver, "#sl-trace-download").click()
     trace = json.loads(downloaded(tmp_path, ".json").read_text(encoding="utf-8"))
-    reply = css(driver, "#sl-conversation .sl-assistant .sl-reply")[0].text
+    reply = driver.execute_script(  # the reply as emitted: without the struck rejected drafts
+        "const r = arguments[0].cloneNode(true); r.querySelectorAll('.sl-rejected').forEach(e => e.remove());"
+        "return r.textContent;", css(driver, "#sl-conversation .sl-assistant .sl-reply")[0])
     assert trace["settings"]["max_new_tokens"] == 8 and trace["environment"]["device"] == "cpu"
     assert [s["step"] for s in trace["steps"]] == list(range(len(trace["steps"])))
     assert "".join(t["text"] for s in trace["steps"] for t in s["emitted"]).strip() == reply.strip()

@@ -84,8 +84,14 @@ def test_a_tapped_token_opens_its_step_in_the_inspector_and_the_tree_view(app_ur
     driver.set_window_size(412, 915)  # a phone: touch, no hover
     driver.execute_cdp_cmd("Emulation.setTouchEmulationEnabled", {"enabled": True, "maxTouchPoints": 1})
     driver.get(app_url)
+    usable(driver, "#sl-prompt textarea")
+    time.sleep(1.0)  # a phone's settings close once the page has loaded
+    sidebar_open = lambda: "open" in css(driver, "#sl-sidebar")[0].get_attribute("class").split()  # noqa: E731
+    wait_for(lambda: not sidebar_open(), 10, "a phone's settings to start closed")
+    usable(driver, "#sl-settings-button").click()
     set_number(driver, "#sl-max-new", BUDGET)
     driver.execute_script("document.querySelector('#sl-sidebar .toggle-button').click();")  # it covers the page
+    wait_for(lambda: not sidebar_open(), 10, "the settings to close")
     assert inspected(driver) is None and "tap a token" in css(driver, "#sl-inspector")[0].text
     generate(driver)
 
