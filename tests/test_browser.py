@@ -199,6 +199,7 @@ def take_readme_screenshot(out: Path) -> None:
         d.set_window_size(1600, 1200)
         d.get(url)
         wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
+        next(e for e in css(d, "#sl-shape label") if e.text == "tree").click()  # the device's tree
         type_and_generate(d, "Write a short story about a cat who finds a hat.")  # a long answer: more to highlight
         wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
         time.sleep(2.0)
