@@ -167,8 +167,10 @@ def test_at_one_step_a_second_the_reply_appears_step_by_step_and_replays(app_url
         counts.append(len(css(driver, "#sl-conversation .sl-assistant .sl-tok")))
         time.sleep(0.2)
     assert "replayed" in status()
+    counts.append(len(css(driver, "#sl-conversation .sl-assistant .sl-tok")))  # the last step's frame and the end
+    # may land together on a loaded machine; with 6 tokens a run can have only 2 steps (1, 1 + up to 4, 6)
     assert counts == sorted(counts) and len(set(counts)) >= 3  # the text grew step by step, never back
-    assert len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) == 6
+    assert counts[-1] == 6
 
     next(e for e in css(driver, "#sl-pace label") if e.text == "4 steps / s").click()
     usable(driver, "#sl-replay").click()  # the same reply again, from its trace
