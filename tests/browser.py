@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,22 @@ def displayed(driver, selector: str) -> bool:
         return any(e.is_displayed() for e in css(driver, selector))
     except StaleElementReferenceException:
         return False
+
+
+@contextmanager
+def app_in_browser(log_name: str = "screenshot_app.log"):
+    """`python app.py` and a fresh chromium, for the README screenshot scripts: yields (driver, url);
+    both are stopped after."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    proc, url = start_app(ARTIFACTS / log_name)
+    d = open_browser()
+    try:
+        yield d, url
+    finally:
+        d.quit()
+        stop_app(proc)
+
+
+def screenshot_path(default: str) -> Path:
+    """Where a screenshot script writes: its first argument, else `default`."""
+    return Path(sys.argv[1] if len(sys.argv) > 1 else default).resolve()

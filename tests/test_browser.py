@@ -192,10 +192,7 @@ def _has_cuda() -> bool:
 def take_readme_screenshot(out: Path) -> None:
     """A finished EAGLE-3 generation with the default draft tree (and the target-only comparison):
     highlighting, the tree view and charts."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    proc, url = start_app(ARTIFACTS / "screenshot_app.log")
-    d = open_browser()
-    try:
+    with app_in_browser() as (d, url):
         d.set_window_size(1600, 1200)
         d.get(url)
         wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
@@ -205,10 +202,7 @@ def take_readme_screenshot(out: Path) -> None:
         time.sleep(2.0)
         d.execute_script("window.scrollTo(0, 0);")  # the title, the text and the tabs
         d.save_screenshot(str(out))
-    finally:
-        d.quit()
-        stop_app(proc)
 
 
 if __name__ == "__main__":
-    take_readme_screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshot.png").resolve())
+    take_readme_screenshot(screenshot_path("docs/screenshot.png"))

@@ -6,12 +6,11 @@ Each test runs one short greedy generation of the embedded default (a chain of 3
     python -m tests.test_browser_inspect docs/screenshot-inspector.png   # the README's inspector screenshot
 """
 
-import sys
 import time
 from pathlib import Path
 
-from tests.browser import (ARTIFACTS, bundled_drafters_exist, css, open_browser, start_app, stop_app, tree_step,
-                           usable, wait_for)
+from tests.browser import (app_in_browser, bundled_drafters_exist, css, screenshot_path, tree_step, usable,
+                           wait_for)
 from tests import browser
 
 pytestmark = browser.pytestmark  # skipped without chromium, as every browser test
@@ -122,10 +121,7 @@ def test_a_tapped_token_opens_its_step_in_the_inspector_and_the_tree_view(app_ur
 def take_inspector_screenshot(out: Path) -> None:
     """A finished EAGLE-3 chain generation with one step open in the inspector: rejected drafts struck
     through in the text, the headline, the step's candidates and its tree."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    proc, url = start_app(ARTIFACTS / "screenshot_app.log")
-    d = open_browser()
-    try:
+    with app_in_browser() as (d, url):
         d.set_window_size(1600, 1200)
         d.set_window_size(1600, 2400 - d.execute_script("return window.innerHeight;"))  # a 1600 x 1200 page
         d.get(url)
@@ -143,10 +139,7 @@ def take_inspector_screenshot(out: Path) -> None:
         d.execute_script("arguments[0].scrollIntoView({block: 'start'});", css(d, "#sl-headline")[0])
         time.sleep(2.0)
         d.save_screenshot(str(out))
-    finally:
-        d.quit()
-        stop_app(proc)
 
 
 if __name__ == "__main__":
-    take_inspector_screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshot-inspector.png").resolve())
+    take_inspector_screenshot(screenshot_path("docs/screenshot-inspector.png"))

@@ -9,7 +9,6 @@ compares; the race and the replay play recorded runs back.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -187,10 +186,7 @@ def example_prompts() -> list[str]:
 
 def take_race_screenshot(out: Path) -> None:
     """A finished EAGLE-3 run and its target-only baseline in the race tab, mid-race, at 1600x1200."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    proc, url = start_app(ARTIFACTS / "screenshot_app.log")
-    d = open_browser()
-    try:
+    with app_in_browser() as (d, url):
         d.set_window_size(*DESKTOP)
         d.set_window_size(DESKTOP[0], 2 * DESKTOP[1] - inner_height(d))  # the page itself 1600x1200
         d.get(url)
@@ -203,10 +199,7 @@ def take_race_screenshot(out: Path) -> None:
         wait_for(lambda: "finished at" in lanes()[0], 300, "the speculative lane's finish")  # target only runs on
         d.execute_script("window.scrollTo(0, 0);")
         d.save_screenshot(str(out))
-    finally:
-        d.quit()
-        stop_app(proc)
 
 
 if __name__ == "__main__":
-    take_race_screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshot-race.png").resolve())
+    take_race_screenshot(screenshot_path("docs/screenshot-race.png"))
