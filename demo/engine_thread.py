@@ -28,3 +28,9 @@ def on_engine_thread(steps: Iterator[T]) -> Iterator[T]:
                 return
     finally:  # a generation dropped midway (Stop, a closed tab) is closed there too, without waiting
         _ENGINE_THREAD.submit(steps.close)
+
+
+def engine_thread_idle() -> None:
+    """Return once every step asked for so far has run. Stop needs it: cancelling the reply's event
+    does not interrupt the step in flight, which would otherwise change the chat while Stop draws it."""
+    _ENGINE_THREAD.submit(lambda: None).result()

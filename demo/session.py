@@ -438,6 +438,8 @@ class Session:
         chat.comparison = None
         decoder = IncrementalDecoder(self.tokenizer)
         for event in engine.generate(ids, gen):
+            if turn.state != "streaming":  # stopped: a step that was in flight is not shown
+                return
             self._absorb(event, decoder, turn, chat.trace)
             yield Update(chat, f"generating: step {event.step}, {len(turn.pieces)} tokens")
         self._finish(decoder, turn)

@@ -23,7 +23,7 @@ import gradio as gr
 from demo import zerogpu
 from demo.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
 from demo.chat import ChatState, RunTrace
-from demo.engine_thread import on_engine_thread
+from demo.engine_thread import engine_thread_idle, on_engine_thread
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
 from demo.headline import baseline_key, record_baseline, render_headline
@@ -531,6 +531,7 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
         charts and tree view count the tokens the text shows."""
         running = bool(chat.turns) and (chat.turns[-1].role == "user" or chat.turns[-1].state == "streaming")
         chat.mark_stopped()
+        engine_thread_idle()  # the step in flight lands (or, seeing the turn stopped, is dropped) before we draw
         session = shown_session(model)
         said = ("stopped" if running else "replay stopped: the whole reply is shown" if "replay (" in (status or "")
                 else None)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from demo.engine_thread import on_engine_thread
+from demo.engine_thread import engine_thread_idle, on_engine_thread
 
 
 def steps(n: int, threads: list[int]):
@@ -57,3 +57,17 @@ def test_a_generation_dropped_midway_is_closed():
     next(wrapped)
     wrapped.close()
     assert closed.wait(5)
+
+
+def test_idle_returns_only_after_the_step_in_flight_has_run():
+    release, ran = threading.Event(), []
+
+    def slow_step():
+        release.wait(5)
+        ran.append("step")
+        yield 1
+
+    asker = ThreadPoolExecutor(1).submit(next, on_engine_thread(slow_step()))  # a step in flight
+    threading.Timer(0.2, release.set).start()
+    engine_thread_idle()
+    assert ran == ["step"] and asker.result() == 1

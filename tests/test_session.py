@@ -211,6 +211,17 @@ def test_a_reply_cut_short_by_stop_is_marked_stopped(session):
     assert chat.turns[-1].role == "user"
 
 
+def test_a_step_that_was_in_flight_when_stop_came_is_not_added_to_the_reply(session):
+    chat = session.add_user_turn(ChatState(), Request.of("hi"))
+    stream = session.reply(chat, Request.of("hi", max_new_tokens=50))
+    next(stream), next(stream)
+    shown = (len(chat.turns[-1].pieces), len(chat.trace.steps))
+    chat.mark_stopped()  # Stop, while the engine thread still computes the next step
+    assert list(stream) == []
+    assert (len(chat.turns[-1].pieces), len(chat.trace.steps)) == shown
+    assert chat.turns[-1].state == "stopped"
+
+
 def test_a_reply_cut_inside_a_multibyte_character_never_ends_in_part_of_one(predictable, monkeypatch):
     """The budget can stop a reply after the first byte of "é" (the byte tokenizer's ids for C3 A9):
     the reply ends before that character, never in a replacement character."""
