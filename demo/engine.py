@@ -10,7 +10,9 @@ Each step is propose -> verify -> account:
    nodes under a tree mask), then the acceptance rule of demo/sampling.py (chains) or
    demo/tree_verify.py (trees). Rejected positions stay in the caches and are overwritten later; a
    tree's accepted path is first moved next to the root.
-3. account: one device-to-host read of the packed step result; demo/metrics.py counts it.
+3. account: one device-to-host read of the packed step result; demo/metrics.py counts it. In graph
+   mode the next step is launched before this read (``Lane``), so the host's accounting and the
+   event's consumer overlap the device's next step.
 
 Every per-step tensor lives in a persistent buffer (``StepBuffers``, ``TreeBuffers``), so the same
 step functions run eagerly or replay CUDA graphs captured before the first request: in graph mode a
@@ -106,13 +108,28 @@ class StepBuffers:
     prefill_positions: torch.Tensor | None = None  # [1, C] int64: 0..C-1
     prefill_last: torch.Tensor | None = None  # [1] int64: the prompt's last row
     catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects (k > 0)
-    marks: tuple | None = None  # graph mode: timing events recorded inside the step graph (start, after propose)
+    lanes: list["Lane"] = field(default_factory=list)  # graph mode: the two alternating captured steps
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
     @property
     def k(self) -> int:
         return self.shape.depth
+
+
+@dataclass
+class Lane:
+    """One of a shape's two captured copies of the step (graph mode). Steps alternate between them so
+    that step s + 1 is launched before the host reads step s: the host's work between two steps
+    (reading the result, accounting, the consumer of the event) overlaps the device's next step
+    instead of leaving the device idle. Each copy records its own timing events, so reading step s's
+    times is not disturbed by step s + 1 recording its own."""
+
+    graphs: dict  # "step" (greedy, acceptance included) and/or "step_sampled" -> CapturedStep
+    marks: tuple  # (start, after propose): recorded inside this lane's graphs
+    end: "torch.cuda.Event"  # after the step (and, at T > 0, the eager acceptance test)
+    copied: "torch.cuda.Event"  # after the packed result reached `host`
+    host: torch.Tensor  # pinned host copy of StepBuffers.result
 
 
 @dataclass
@@ -327,27 +344,34 @@ class Engine:
         # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
         # allocator's assert, as the batched generator found on the H200
         pool = torch.cuda.graph_pool_handle()
+        self.target.stack_weights()  # compiled code reads the stacks made before it (demo.layers.stacked)
+        if self.drafter is not None:
+            self.drafter.stack_weights()
         accept_fn = self._accept_tree if b.tree is not None else self._accept
         propose = self._maybe_compile(lambda: self._propose(b), "propose") if b.k else None
         verify = self._maybe_compile(lambda: self._verify_forward(b), "verify")
         accept = self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None),
                                      "accept")
-        b.marks = (torch.cuda.Event(enable_timing=True, external=True),
-                   torch.cuda.Event(enable_timing=True, external=True))
 
-        def step(greedy: bool):
-            b.marks[0].record()
+        def step(greedy: bool, marks: tuple):
+            marks[0].record()
             if propose is not None:
                 propose()
-            b.marks[1].record()
+            marks[1].record()
             logits, features = verify()
             if greedy:
                 accept(logits, features)
             return logits, features
 
-        if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
-            b.graphs["step"] = CapturedStep(lambda: step(True), pool)
-        b.graphs["step_sampled"] = CapturedStep(lambda: step(False), pool)
+        for i in range(2):  # two lanes (Lane): the same compiled functions, captured twice
+            marks = tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+            graphs = {}
+            if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
+                graphs["step"] = CapturedStep(lambda marks=marks: step(True, marks), pool)
+            graphs["step_sampled"] = CapturedStep(lambda marks=marks: step(False, marks), pool)
+            b.lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
+                                torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=True)))
+            b.graphs.update({name + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
         for size in self.prefill_buckets():
             b.graphs[f"prefill{size}"] = CapturedStep(lambda size=size: self._prefill_forward(b, size), pool)
 
@@ -486,7 +510,8 @@ class Engine:
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], gen: GenerationConfig) -> Iterator[StepEvent]:
         """Yield one StepEvent per decoding step (step 0: prefill). Engine time excludes the time
-        the consumer spends between events."""
+        the consumer spends between events (in graph mode the device runs the next step meanwhile,
+        so a slow consumer waits less for it)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if gen.max_new_tokens < 1:
@@ -530,32 +555,42 @@ class Engine:
         generated = 1
         step = 0
         accept = self._accept_tree if shape.tree else self._accept
-        graph = b.graphs.get("step" if params.greedy else "step_sampled")
+        lane, ahead = 0, False  # graph mode: the lane of the next step; whether it is already launched
         while not done:
             step += 1
-            if shape.sampled:  # the draws of sampled drafts, made outside any graph
-                b.tree.uniforms.uniform_(generator=generator)
-            if graph is not None:
-                logits, features = graph()  # the step's propose and verify (and greedy acceptance)
-                timer.resume(b.marks)
-                if not params.greedy:
-                    accept(b, logits, features, params, generator)
+            if b.lanes:
+                if not ahead:
+                    self._launch(b, b.lanes[lane], params, generator)
+                current, lane = b.lanes[lane], 1 - lane
+                # run the next step ahead, unless this one may end on the budget (then the next one
+                # might not fit the context); a step ending on a stop token wastes the one ahead
+                ahead = generated + k + 1 < gen.max_new_tokens
+                if ahead:
+                    self._launch(b, b.lanes[lane], params, generator)
+                current.copied.synchronize()  # the one device-to-host sync of this step
+                packed = current.host.tolist()
+                draft_ms, verify_ms = current.marks[0].elapsed_time(current.marks[1]), \
+                    current.marks[1].elapsed_time(current.end)
             else:
+                if shape.sampled:  # the draws of sampled drafts, made outside any graph
+                    b.tree.uniforms.uniform_(generator=generator)
                 timer.start()
                 if k:
                     self._propose(b)
                 timer.mark()
                 logits, features = self._verify_forward(b)
                 accept(b, logits, features, params, generator)
-            timer.mark()
-            packed = b.result.tolist()  # the one device-to-host sync of this step
-            draft_ms, verify_ms = timer.read()
+                timer.mark()
+                packed = b.result.tolist()  # the one device-to-host sync of this step
+                draft_ms, verify_ms = timer.read()
             n, tokens, probs, tree, target_top, draft_top = unpack_result(packed, k, shape.nodes)
             if k:
                 stats.observe_draft(k, n)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
             generated += len(emitted)
             done = reason is not None
+            if done and ahead:  # the step run ahead was wasted: this generation pays for it
+                b.lanes[lane].copied.synchronize()
             stats.observe_step(len(emitted), draft_ms, verify_ms)
             stats.elapsed_s += time.perf_counter() - clock
             end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
@@ -563,6 +598,19 @@ class Engine:
             yield StepEvent(step, tree.tokens, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,
                             stats.snapshot(), done, reason, tree if k else None, target_top[: len(emitted)], draft_top)
             clock = time.perf_counter()
+
+    def _launch(self, b: StepBuffers, lane: Lane, params: SamplingParams, generator) -> None:
+        """Queue one whole step on a lane (graph mode), without waiting: the sampled drafts' draws,
+        the step's graph, the acceptance test at T > 0 (eager: it draws from the request's generator),
+        and the copy of the packed result to the lane's pinned host buffer."""
+        if b.shape.sampled:  # the draws of sampled drafts, made outside any graph
+            b.tree.uniforms.uniform_(generator=generator)
+        logits, features = lane.graphs["step" if params.greedy else "step_sampled"]()
+        if not params.greedy:
+            (self._accept_tree if b.tree is not None else self._accept)(b, logits, features, params, generator)
+        lane.end.record()
+        lane.host.copy_(b.result, non_blocking=True)
+        lane.copied.record()
 
     def _prefill_forward(self, b: StepBuffers, rows: int) -> torch.Tensor:
         """Target over the prompt (padded to `rows`), logits at its last row; the drafter's cache over
@@ -692,10 +740,6 @@ class _StepTimer:
 
     def start(self):
         self.marks = [self._now()]
-
-    def resume(self, marks):
-        """Continue from marks recorded elsewhere (inside a replayed graph)."""
-        self.marks = list(marks)
 
     def mark(self):
         self.marks.append(self._now())

@@ -12,6 +12,7 @@ from tests.tiny import corrupted_oracle, tiny_drafter, tiny_hf
 pytestmark = pytest.mark.cuda
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
+STEP_GRAPHS = {"step", "step_sampled", "step.1", "step_sampled.1"}  # two lanes (demo.engine.Lane)
 
 
 def _tokens(engine, prompt, **gen):
@@ -76,10 +77,10 @@ def test_every_tree_step_function_is_captured_before_generation():
     gen = GenerationConfig(max_new_tokens=20, num_spec_tokens=3, tree=TreeShape(4, 12), stop_token_ids=())
     buffers = engine.prepare(gen.draft_shape(3))
     prefills = {f"prefill{size}" for size in engine.prefill_buckets()}
-    assert set(buffers.graphs) == {"step", "step_sampled"} | prefills  # a whole step is one graph
+    assert set(buffers.graphs) == STEP_GRAPHS | prefills  # a whole step is one graph (one per lane)
     steps = len(list(engine.generate(PROMPT, gen))) - 1
     replays = {name: step.replays for name, step in buffers.graphs.items() if step.replays}
-    assert replays == {"step": steps, f"prefill{engine.prefill_bucket(len(PROMPT))}": 1}
+    assert replays == {"step": (steps + 1) // 2, "step.1": steps // 2, f"prefill{engine.prefill_bucket(len(PROMPT))}": 1}
 
 
 def test_every_step_function_is_captured_before_generation():
@@ -88,12 +89,37 @@ def test_every_step_function_is_captured_before_generation():
     engine = Engine(target, tiny_drafter("eagle3", target), mode="cudagraph", max_context=128)
     buffers = engine.prepare(3)
     prefills = {f"prefill{size}" for size in engine.prefill_buckets()}
-    assert set(buffers.graphs) == {"step", "step_sampled"} | prefills
+    assert set(buffers.graphs) == STEP_GRAPHS | prefills
     events = list(engine.generate(PROMPT, GenerationConfig(max_new_tokens=20, num_spec_tokens=3, stop_token_ids=())))
     steps = len(events) - 1
     replays = {name: step.replays for name, step in buffers.graphs.items() if step.replays}
-    assert replays == {"step": steps, f"prefill{engine.prefill_bucket(len(PROMPT))}": 1}
+    assert replays == {"step": (steps + 1) // 2, "step.1": steps // 2, f"prefill{engine.prefill_bucket(len(PROMPT))}": 1}
     assert all(e.draft_ms > 0 and e.verify_ms > 0 for e in events[1:])  # timed inside the one graph
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_the_step_run_ahead_changes_no_token_whether_it_is_wasted_or_fills_the_context(tree):
+    """Graph mode launches step s + 1 before reading step s. A reply ending on a stop token leaves one
+    step run ahead for nothing (replayed, and the next request is still eager's); a reply whose
+    budget fills the context exactly never runs a step past it."""
+    target = Target(tiny_hf("llama").to("cuda"))
+    drafter = tiny_drafter("eagle3", target)
+    k, width, context = 3, 6 if tree else 4, 96
+    fill = dict(max_new_tokens=context - len(PROMPT) - width, num_spec_tokens=k, tree=tree, stop_token_ids=())
+    free = _tokens(Engine(target, drafter, max_context=context), PROMPT, **fill)
+    end = next(i for i in range(10, len(free)) if free.index(free[i]) == i)  # a token's first appearance
+    stop = GenerationConfig(**dict(fill, stop_token_ids=(free[end],)))
+    outs = {}
+    for mode in ("eager", "cudagraph"):
+        engine = Engine(target, drafter, mode=mode, max_context=context)
+        events = list(engine.generate(PROMPT, stop))
+        if mode == "cudagraph":
+            graphs = engine.prepare(stop.draft_shape(k)).graphs
+            launched = sum(g.replays for name, g in graphs.items() if name.startswith("step"))
+            assert launched == len(events) - 1 + 1  # every step, and the one run ahead of the stop
+        outs[mode] = ([t for e in events for t in e.token_ids], _tokens(engine, PROMPT, **fill))
+    assert outs["cudagraph"] == outs["eager"]
+    assert outs["eager"] == (free[:end + 1], free)
 
 
 @pytest.mark.parametrize("scope", ["all", "drafter"])
