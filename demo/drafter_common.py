@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from demo.kv_cache import KVCache
-from demo.layers import causal_slot_mask, rms_norm, rope_inv_freq, rope_tables, swiglu_mlp
+from demo.layers import causal_slot_mask, rms_norm, rope_inv_freq, rope_tables, stacked
 
 
 @dataclass
@@ -113,7 +114,8 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return swiglu_mlp(x, self.gate_proj, self.up_proj, self.down_proj)
+        """Separate matmuls, which autograd follows (training); the engine's forward stacks them."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DrafterBase(nn.Module):
@@ -159,6 +161,15 @@ class DrafterBase(nn.Module):
         if mask is None:
             mask = causal_slot_mask(positions, self.cache.capacity)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), slots, mask
+
+    def stack_weights(self) -> None:
+        """Stack the draft layer's q/k/v and gate/up weights (demo.layers.StackedLinear), or restack
+        them if a weight was replaced since; the engine calls it before capturing or compiling."""
+        for module in self.modules():
+            if isinstance(module, DraftAttention):
+                stacked(module.q_proj, module.k_proj, module.v_proj)
+            elif isinstance(module, DraftMLP):
+                stacked(module.gate_proj, module.up_proj)
 
     def select(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy draft ids in the target's vocabulary; logits [..., Vd] -> [...] int64."""

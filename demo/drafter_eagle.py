@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from demo.drafter_common import DraftAttention, DraftMLP, DrafterBase, DrafterConfig, RMSNorm
-from demo.layers import attention
+from demo.layers import attention, stacked, swiglu_mlp
 
 
 class EagleLayer(nn.Module):
@@ -48,7 +48,8 @@ class EagleDrafter(DrafterBase):
         cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
         k_cache, v_cache = self.cache.layer(0)
         att = layer.self_attn
-        x = x + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads, cfg.num_kv_heads,
-                          cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + attention(x, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, cfg.num_heads,
+                          cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
+        mlp = layer.mlp
+        x = x + swiglu_mlp(layer.post_attention_layernorm(x), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
         return (self.lm_head(x) if logits else None), x

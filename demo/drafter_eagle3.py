@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from demo.drafter_common import DraftAttention, DraftMLP, DrafterBase, DrafterConfig, RMSNorm
-from demo.layers import attention
+from demo.layers import attention, stacked, swiglu_mlp
 
 
 class Eagle3Layer(nn.Module):
@@ -102,9 +102,10 @@ class Eagle3Drafter(DrafterBase):
         cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
         k_cache, v_cache = self.cache.layer(0)
         att = layer.self_attn
-        h = residual + attention(x, att.q_proj, att.k_proj, att.v_proj, att.o_proj, cfg.num_heads,
+        h = residual + attention(x, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, cfg.num_heads,
                                  cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        mlp = layer.mlp
+        h = h + swiglu_mlp(layer.post_attention_layernorm(h), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
         return (self.lm_head(self.norm(h)) if logits else None), h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,75 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+class StackedLinear:
+    """Linears that read the same input, run as one matmul (one kernel where there were two or
+    three: a decoding step of a small model is launch-bound). Their weights (and biases) are
+    stacked into one tensor and each module's parameters become views of it: nothing is stored
+    twice, and the modules (transformers, training, state_dict) still see their own weights, which
+    in-place updates (load_state_dict, an optimizer) keep writing through to the stack. Linears that
+    cannot be stacked (other module types, mixed dtypes or devices) run one by one."""
+
+    def __init__(self, linears: tuple):
+        self.linears = linears
+        self.sizes = [m.out_features if hasattr(m, "out_features") else m.weight.shape[0] for m in linears]
+        self.weight = self.bias = None
+        if not _stackable(linears):
+            return
+        with torch.inference_mode(False), torch.no_grad():
+            self.weight = torch.cat([m.weight for m in linears])  # [sum(out), in]
+            if any(m.bias is not None for m in linears):
+                self.bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+                                       for m in linears])  # [sum(out)]
+            for m, w in zip(linears, self.weight.split(self.sizes)):
+                m.weight.data = w
+            if self.bias is not None:
+                for m, b in zip(linears, self.bias.split(self.sizes)):
+                    if m.bias is not None:
+                        m.bias.data = b
+
+    def current(self) -> bool:
+        """Whether every module still reads its weights from this stack (a ``.to()`` into another dtype
+        or device, or a reassigned ``.data``, gives a module new storage: the stack is then stale)."""
+        if self.weight is None:
+            return not _stackable(self.linears)
+        at = 0
+        for m, n in zip(self.linears, self.sizes):
+            views = [(m.weight, self.weight)] + ([(m.bias, self.bias)] if m.bias is not None else [])
+            for p, stack in views:
+                if p.device != stack.device or p.dtype != stack.dtype or p.data_ptr() != stack[at].data_ptr():
+                    return False
+            at += n
+        return True
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x: [..., in] -> one [..., out_i] per linear."""
+        if self.weight is None:
+            return tuple(m(x) for m in self.linears)
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def _stackable(linears) -> bool:
+    ws = [getattr(m, "weight", None) for m in linears]
+    if not all(isinstance(m, torch.nn.Linear) and w is not None and w.dim() == 2 for m, w in zip(linears, ws)):
+        return False
+    first = ws[0]
+    return (first.is_floating_point() and first.device.type != "meta"
+            and all(w.dtype == first.dtype and w.device == first.device and w.shape[1] == first.shape[1] for w in ws))
+
+
+def stacked(*linears) -> StackedLinear:
+    """The StackedLinear of these modules: made on first use, made again once stale. Under
+    torch.compile the one made before (``stack_weights`` of the target and drafters) is read as it is."""
+    owner = linears[0]
+    if torch.compiler.is_compiling():
+        return owner._speclens_stack
+    stack = owner.__dict__.get("_speclens_stack")
+    if stack is None or stack.linears != linears or not stack.current():
+        stack = StackedLinear(linears)
+        owner.__dict__["_speclens_stack"] = stack
+    return stack
+
+
 def causal_slot_mask(positions: torch.Tensor, num_slots: int) -> torch.Tensor:
     """Query at position p sees cache slots 0..p; stale slots beyond p (rejected drafts) are hidden."""
     # positions: [B, q] -> mask [B, 1, q, S] bool
@@ -70,7 +139,8 @@ def causal_slot_mask(positions: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 def attention(
     x: torch.Tensor,  # [B, q, Din]
-    q_proj, k_proj, v_proj, o_proj,  # Linear-like modules (weight, optional bias)
+    qkv: StackedLinear,  # the q, k and v projections (Linear-like modules), as one matmul
+    o_proj,  # Linear-like module
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
@@ -86,9 +156,10 @@ def attention(
     """Self-attention over a static cache: write this step's K/V at their slots, attend to all
     slots the mask allows, project out. RoPE comes in as cos/sin of the tokens' positions."""
     B, q, _ = x.shape
-    qs = q_proj(x).view(B, q, num_heads, head_dim)
-    ks = k_proj(x).view(B, q, num_kv_heads, head_dim)
-    vs = v_proj(x).view(B, q, num_kv_heads, head_dim)
+    qs, ks, vs = qkv(x)
+    qs = qs.reshape(B, q, num_heads, head_dim)
+    ks = ks.reshape(B, q, num_kv_heads, head_dim)
+    vs = vs.reshape(B, q, num_kv_heads, head_dim)
     if q_norm is not None:
         qs = rms_norm(qs, q_norm.weight, q_norm.variance_epsilon)
         ks = rms_norm(ks, k_norm.weight, k_norm.variance_epsilon)
@@ -104,6 +175,7 @@ def attention(
     return o_proj(out.transpose(1, 2).reshape(B, q, num_heads * head_dim))
 
 
-def swiglu_mlp(x: torch.Tensor, gate_proj, up_proj, down_proj, act=F.silu) -> torch.Tensor:
-    """down(act(gate(x)) * up(x)); x: [B, q, H] -> [B, q, H]."""
-    return down_proj(act(gate_proj(x)) * up_proj(x))
+def swiglu_mlp(x: torch.Tensor, gate_up: StackedLinear, down_proj, act=F.silu) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)), gate and up as one matmul; x: [B, q, H] -> [B, q, H]."""
+    gate, up = gate_up(x)
+    return down_proj(act(gate) * up)

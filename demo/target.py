@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from demo.kv_cache import KVCache
-from demo.layers import attention, causal_slot_mask, rms_norm, rope_tables, swiglu_mlp
+from demo.layers import attention, causal_slot_mask, rms_norm, rope_tables, stacked, swiglu_mlp
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -131,6 +131,14 @@ class Target:
             self.cos, self.sin = rope_tables(self.inv_freq, capacity, self.rope_scale, self.dtype, self.device)
         return self.cache
 
+    def stack_weights(self) -> None:
+        """Stack each layer's q/k/v and gate/up weights (demo.layers.StackedLinear), or restack them
+        if a weight was replaced since; the engine calls it before capturing or compiling a forward."""
+        for layer in self.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            stacked(att.q_proj, att.k_proj, att.v_proj)
+            stacked(mlp.gate_proj, mlp.up_proj)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, aux_layers: tuple[int, ...] = (),
                 last_logits_only: bool = False, logits_rows: torch.Tensor | None = None,
                 slots: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> TargetOutput:
@@ -157,12 +165,12 @@ class Target:
             k_cache, v_cache = cache.layer(i)
             h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
             x = x + attention(
-                h, att.q_proj, att.k_proj, att.v_proj, att.o_proj, c.num_heads, c.num_kv_heads, c.head_dim,
-                cos, sin, k_cache, v_cache, slots, mask,
+                h, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, c.num_heads, c.num_kv_heads,
+                c.head_dim, cos, sin, k_cache, v_cache, slots, mask,
                 getattr(att, "q_norm", None), getattr(att, "k_norm", None),
             )
             h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-            x = x + swiglu_mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, self.act)
+            x = x + swiglu_mlp(h, stacked(layer.mlp.gate_proj, layer.mlp.up_proj), layer.mlp.down_proj, self.act)
         if c.num_layers in aux_layers:
             streams[c.num_layers] = x  # id L: the last layer's output before the final norm
         hidden = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)  # [B, q, H]

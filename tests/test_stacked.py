@@ -1,0 +1,80 @@
+"""demo/layers.py StackedLinear: q/k/v and gate/up as one matmul over weights stacked in place."""
+
+import torch
+from torch import nn
+
+from demo.layers import StackedLinear, stacked
+from demo.target import Target
+from tests.tiny import tiny_hf
+
+
+def _linears(bias=False):
+    torch.manual_seed(0)
+    return nn.Linear(16, 12, bias=bias), nn.Linear(16, 4, bias=bias), nn.Linear(16, 4, bias=bias)
+
+
+def test_a_stack_computes_what_its_linears_compute_and_stores_no_weight_twice():
+    for bias in (False, True):
+        mods = _linears(bias)
+        x = torch.randn(2, 3, 16)
+        want = [m(x) for m in mods]
+        stack = stacked(*mods)
+        for got, ref in zip(stack(x), want):
+            torch.testing.assert_close(got, ref)
+        for m in mods:  # each module's weight now lives inside the stack
+            assert m.weight.untyped_storage().data_ptr() == stack.weight.untyped_storage().data_ptr()
+        assert stacked(*mods) is stack  # made once
+
+
+def test_in_place_weight_updates_reach_the_stack():
+    mods = _linears()
+    stack = stacked(*mods)
+    new = {k: torch.randn_like(v) for k, v in mods[1].state_dict().items()}
+    mods[1].load_state_dict(new)
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(stack(x)[1], x @ new["weight"].T)
+
+
+def test_a_weight_replaced_after_stacking_is_never_read_stale():
+    mods = _linears()
+    old = stacked(*mods)
+    for m in mods:
+        m.to(torch.float64)  # new storage for every parameter
+    assert not old.current()
+    x = torch.randn(5, 16, dtype=torch.float64)
+    got = stacked(*mods)(x)
+    assert got[0].dtype == torch.float64
+    for g, m in zip(got, mods):
+        torch.testing.assert_close(g, m(x))
+
+
+def test_modules_that_cannot_be_stacked_run_one_by_one():
+    class Scaled(nn.Module):  # Linear-like, not an nn.Linear
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(4, 16))
+
+        def forward(self, x):
+            return 2 * x @ self.weight.T
+
+    mods = (nn.Linear(16, 4), Scaled())
+    stack = StackedLinear(mods)
+    x = torch.randn(3, 16)
+    assert stack.weight is None and stack.current()
+    for g, m in zip(stack(x), mods):
+        torch.testing.assert_close(g, m(x))
+
+
+def test_the_target_forward_is_unchanged_by_stacking_and_by_a_later_dtype_change():
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    tokens = torch.tensor([[1, 5, 9, 2, 7]])
+    positions = torch.arange(5).view(1, -1)
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        target.setup_cache(16)
+        torch.testing.assert_close(target.forward(tokens, positions).logits, ref, rtol=1e-4, atol=1e-4)
+        hf.to(torch.float64)  # every weight moves to new storage after the stacks were made
+        target = Target(hf)
+        target.setup_cache(16)
+        torch.testing.assert_close(target.forward(tokens, positions).logits, hf(tokens).logits, rtol=1e-6, atol=1e-6)
