@@ -1,6 +1,6 @@
 """Speed side by side, and where a decoding step's time goes.
 
-    python -m demo.perf table --prompts assets/prompts/categories.jsonl --num-prompts 20
+    python -m demo.perf table --prompts assets/prompts/categories.jsonl --num-prompts 20 [--drafters eagle3]
     python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph
 
 ``table``: one process, one loaded target, the same prompts (first turns, greedy): transformers'
@@ -247,16 +247,17 @@ def run_table(argv: list[str]) -> str:
     from demo.prompts import chat_ids
     from demo.target import Target
 
+    argv, methods = _drafters_flag(argv)
     base = parse_args([*argv, "--method", "none"])
     questions = load_questions(base)
     hf, tokenizer = load_target(base.target, device=base.device, dtype=base.dtype)
     target = Target(hf)
-    drafters = {m: load_drafter(str(bundled_drafter_dir(m)), target, method=m) for m in ("eagle3", "eagle")}
+    drafters = {m: load_drafter(str(bundled_drafter_dir(m)), target, method=m) for m in methods}
     prompts = [chat_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in questions]
     rows = [transformers_row(hf, prompts, base.max_new_tokens)]
     if target.device.type == "cuda":
         rows.append(transformers_row(hf, prompts, base.max_new_tokens, static_compiled=True))
-    for name, flags in table_plan(target.device.type):
+    for name, flags in table_plan(target.device.type, methods):
         rows.append(speclens_row(name, target, drafters, tokenizer, questions, [*argv, *flags]))
         print(format_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     import transformers
@@ -264,6 +265,17 @@ def run_table(argv: list[str]) -> str:
             f"({torch.cuda.get_device_name() if target.device.type == 'cuda' else 'CPU'}), {target.dtype}, "
             f"torch {torch.__version__}, transformers {transformers.__version__}")
     return head + "\n\n" + format_table(rows)
+
+
+def _drafters_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """``--drafters eagle3[,eagle]``: the table's drafters (default both); the other flags are the bench's."""
+    if "--drafters" not in argv:
+        return argv, ("eagle3", "eagle")
+    i = argv.index("--drafters")
+    methods = tuple(m for m in argv[i + 1].split(",") if m)
+    if not methods or any(m not in ("eagle3", "eagle") for m in methods):
+        raise SystemExit(f"--drafters takes eagle3 and/or eagle, comma-separated, not {argv[i + 1]!r}")
+    return argv[:i] + argv[i + 2:], methods
 
 
 def main(argv: list[str] | None = None) -> int:

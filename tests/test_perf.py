@@ -44,6 +44,15 @@ def test_the_table_plan_measures_every_mode_a_device_has_chains_and_trees():
     assert not any("drafter" in flags and "none" in flags for _, flags in gpu)  # target only has no drafter to compile
 
 
+def test_the_tables_drafters_flag_picks_its_drafters_and_leaves_the_bench_flags():
+    from demo.perf import _drafters_flag
+
+    assert _drafters_flag(["--num-prompts", "4"]) == (["--num-prompts", "4"], ("eagle3", "eagle"))
+    assert _drafters_flag(["--drafters", "eagle3", "--num-prompts", "4"]) == (["--num-prompts", "4"], ("eagle3",))
+    with pytest.raises(SystemExit, match="eagle3 and/or eagle"):
+        _drafters_flag(["--drafters", "medusa"])
+
+
 def test_the_table_gives_each_row_its_speed_over_transformers_and_over_target_only():
     from demo.perf import PerfRow, format_table
 
