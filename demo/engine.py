@@ -370,7 +370,7 @@ class Engine:
                 graphs["step"] = CapturedStep(lambda marks=marks: step(True, marks), pool)
             graphs["step_sampled"] = CapturedStep(lambda marks=marks: step(False, marks), pool)
             b.lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
-                                torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=True)))
+                                torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
             b.graphs.update({name + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
         for size in self.prefill_buckets():
             b.graphs[f"prefill{size}"] = CapturedStep(lambda size=size: self._prefill_forward(b, size), pool)

@@ -78,3 +78,16 @@ def test_the_target_forward_is_unchanged_by_stacking_and_by_a_later_dtype_change
         target = Target(hf)
         target.setup_cache(16)
         torch.testing.assert_close(target.forward(tokens, positions).logits, hf(tokens).logits, rtol=1e-6, atol=1e-6)
+
+
+def test_a_compiled_forward_reads_the_stacks_made_before_it():
+    from demo.engine import compile_step
+
+    target = Target(tiny_hf("llama"))
+    target.setup_cache(16)
+    tokens, positions = torch.tensor([[1, 5, 9, 2]]), torch.arange(4).view(1, -1)
+    with torch.no_grad():
+        want = target.forward(tokens, positions).logits
+        target.stack_weights()
+        got = compile_step(lambda: target.forward(tokens, positions).logits)()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

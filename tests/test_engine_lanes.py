@@ -1,0 +1,100 @@
+"""Graph mode's run-ahead (demo/engine.py Lane): step s + 1 is launched before step s is read.
+
+No GPU here, so the graphs, events and pinned copies are stood in for by synchronous CPU ones: a
+"replay" runs the step function at once, so launching s + 1 really does overwrite every device
+buffer before s is read. What the stand-in proves is the order: step s is read from its own lane's
+copy, the generator's draws come in eager's order, a step that may end on the budget is never run
+ahead (past the context a slot index fails at once on a CPU), and a step run ahead of a stop token
+is wasted but changes nothing. tests/test_cuda.py checks the same on a GPU with real graphs."""
+
+import pytest
+import torch
+
+import demo.engine as engine_module
+from demo.engine import Engine, GenerationConfig
+from demo.target import Target
+from demo.tree import TreeShape
+from tests.tiny import tiny_drafter, tiny_hf
+
+PROMPT = [1, 17, 99, 4, 250, 31, 8]
+
+
+class StandInGraph:
+    """CapturedStep's interface; each replay runs the function there and then."""
+
+    def __init__(self, fn, pool, warmup: int = 2):
+        self.fn, self.replays = fn, 0
+        self.output = fn()
+
+    def __call__(self):
+        self.replays += 1
+        self.output = self.fn()
+        return self.output
+
+
+class StandInEvent:
+    def __init__(self, enable_timing=False, external=False):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.5
+
+
+@pytest.fixture
+def graph_mode(monkeypatch):
+    monkeypatch.setattr(engine_module, "CapturedStep", StandInGraph)
+    monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def make(target, drafter, **kw):
+        engine = Engine(target, drafter, **kw)
+        engine.mode = "cudagraph"  # prepare() now "captures" into the stand-ins
+        return engine
+    return make
+
+
+def _run(engine, gen):
+    events = list(engine.generate(PROMPT, gen))
+    return [t for e in events for t in e.token_ids], events
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("rule", ["greedy", "pointmass", "q"])
+def test_running_the_next_step_ahead_gives_eagers_tokens(graph_mode, tree, rule):
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    sampling = {} if rule == "greedy" else dict(temperature=0.9, seed=5, draft_sampling=rule)
+    gen = GenerationConfig(max_new_tokens=40, num_spec_tokens=3, tree=tree, stop_token_ids=(), **sampling)
+    eager, _ = _run(Engine(target, drafter, max_context=128), gen)
+    engine = graph_mode(target, drafter, max_context=128)
+    ahead, events = _run(engine, gen)
+    assert ahead == eager
+    lanes = engine.prepare(gen.draft_shape(3)).lanes
+    name = "step" if rule == "greedy" else "step_sampled"
+    replays = [lane.graphs[name].replays for lane in lanes]
+    assert replays[0] >= 1 and replays[1] >= 1  # the steps alternated between the lanes
+    assert sum(replays) == len(events) - 1  # no stop token: no step was wasted
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_a_step_run_ahead_of_a_stop_is_wasted_and_one_that_could_pass_the_context_never_runs(graph_mode, tree):
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    k, width, context = 3, 6 if tree else 4, 64
+    fill = GenerationConfig(max_new_tokens=context - len(PROMPT) - width, num_spec_tokens=k, tree=tree,
+                            stop_token_ids=())
+    free, _ = _run(Engine(target, drafter, max_context=context), fill)
+    end = next(i for i in range(10, len(free)) if free.index(free[i]) == i)  # a token's first appearance
+    stop = GenerationConfig(**{**fill.__dict__, "stop_token_ids": (free[end],)})
+    engine = graph_mode(target, drafter, max_context=context)
+    stopped, events = _run(engine, stop)
+    assert stopped == free[:end + 1]
+    lanes = engine.prepare(stop.draft_shape(k)).lanes
+    assert sum(lane.graphs["step"].replays for lane in lanes) == len(events) - 1 + 1  # one step wasted
+    assert _run(engine, fill)[0] == free  # the budget fills the context exactly: nothing ran past it
