@@ -11,7 +11,6 @@ reply (the same concurrency group) and stops between two prompts when the visito
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from demo import zerogpu
 from demo.bench_figures import bench_figure
 from demo.bench_plan import (BUNDLED_PROMPTS, BenchConfig, BenchPlan, category_table, check_prompts,
                              pick_prompts, report_text, run_plan, summary_rows)
+from demo.downloads import write_download
 from demo.export import bench_csv
 from demo.hosting import Hosting
 from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, MODE_LABELS
@@ -149,10 +149,8 @@ def category_rows_table(rows: list[dict]) -> list[list]:
 
 
 def write_csv(text: str) -> str:
-    """The CSV in a file of its own under the system's temp directory (Gradio serves files from there)."""
-    path = Path(tempfile.mkdtemp(prefix="speclens-bench-")) / f"speclens-benchmark-{time.strftime('%Y%m%d-%H%M%S')}.csv"
-    path.write_text(text, encoding="utf-8")
-    return str(path)
+    """The CSV in a file of its own (demo/downloads.py)."""
+    return write_download(f"speclens-benchmark-{time.strftime('%Y%m%d-%H%M%S')}.csv", text)
 
 
 # ---------------------------------------------------------------------- layout

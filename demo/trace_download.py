@@ -4,20 +4,19 @@ A layout builder and a function that registers its listeners, as demo/views.py h
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 import gradio as gr
 
 from demo.chat import ChatState
+from demo.downloads import write_download
 from demo.export import environment, trace_json
 from demo.session import ModelCache, Session
 
 
 def trace_file(session: Session, chat: ChatState) -> str | None:
-    """The trace of the chat's latest reply written to a file of its own under the system's temp
-    directory (Gradio serves files from there), or None when there is no reply to trace yet."""
+    """The trace of the chat's latest reply written to a file of its own (demo/downloads.py), or
+    None when there is no reply to trace yet."""
     if chat.trace is None or not chat.turns or chat.turns[-1].role != "assistant":
         return None
     reply = chat.turns[-1]
@@ -27,9 +26,7 @@ def trace_file(session: Session, chat: ChatState) -> str | None:
                       token_text=dict(zip(ids, session.token_texts(ids))),
                       environment=environment(device=info["device"], dtype=info["dtype"], model=info["model"],
                                               drafter=info["drafters"].get(chat.trace.method)))
-    path = Path(tempfile.mkdtemp(prefix="speclens-trace-")) / f"speclens-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(text, encoding="utf-8")
-    return str(path)
+    return write_download(f"speclens-trace-{time.strftime('%Y%m%d-%H%M%S')}.json", text)
 
 
 def build_trace_download() -> gr.DownloadButton:

@@ -23,6 +23,7 @@ import gradio as gr
 from demo import zerogpu
 from demo.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
 from demo.chat import ChatState, RunTrace
+from demo import downloads
 from demo.engine_thread import engine_thread_idle, on_engine_thread
 from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
@@ -711,7 +712,9 @@ def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache
     into `cache` (by default one made for `session`) when a visitor chooses them. `defaults`: what the
     page offers first (demo/settings.py, from SPECLENS_* variables)."""
     cache = cache or ModelCache.for_session(session)
-    with gr.Blocks(title="SpecLens: watch speculative decoding", fill_width=True) as demo:
+    # Gradio's copies of the files it serves (traces, CSVs) are deleted once as old as ours (demo/downloads.py)
+    with gr.Blocks(title="SpecLens: watch speculative decoding", fill_width=True,
+                   delete_cache=(downloads.KEEP_S, downloads.KEEP_S)) as demo:
         controls = build_layout(session, hosting, defaults)
         register_listeners(controls, cache, hosting)
         register_api(cache, hosting)
