@@ -84,9 +84,18 @@ def open_browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tempfile.mkdtemp(prefix='speclens-chromium-')}"]:
+    profile = tempfile.mkdtemp(prefix="speclens-chromium-")
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={profile}"]:
         opts.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.profile_dir = profile
+    return driver
+
+
+def close_browser(driver) -> None:
+    """Quit chromium and remove its profile folder."""
+    driver.quit()
+    shutil.rmtree(driver.profile_dir, ignore_errors=True)
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.25):
@@ -179,7 +188,7 @@ def app_in_browser(log_name: str = "screenshot_app.log"):
     try:
         yield d, url
     finally:
-        d.quit()
+        close_browser(d)
         stop_app(proc)
 
 

@@ -38,11 +38,11 @@ def app_url():
 @pytest.fixture
 def driver(request):
     """A fresh headless chromium; on failure its screenshot is kept under artifacts/."""
-    from tests.browser import ARTIFACTS, open_browser
+    from tests.browser import ARTIFACTS, close_browser, open_browser
 
     d = open_browser()
     failed = request.session.testsfailed
     yield d
     if request.session.testsfailed > failed:  # keep what the browser showed, as a test artifact
         d.save_screenshot(str(ARTIFACTS / f"failure_{request.node.name}.png"))
-    d.quit()
+    close_browser(d)
