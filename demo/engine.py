@@ -84,6 +84,7 @@ class StepEvent:
 
 TOP_SHOWN = 5  # candidates per position an event carries for inspection (the target's, a chain drafter's)
 PREFILL_MIN_BUCKET = 64  # a GPU runs a prompt at the next power of two from this (at most the context)
+ATTEND_ROUND = 64  # a CPU attends over the cache slots in use, rounded up to a multiple of this
 
 
 @dataclass
@@ -383,13 +384,25 @@ class Engine:
 
     # ------------------------------------------------------------------ step functions
     # These read and write only persistent buffers and caches, and never sync with the host.
-    def _verify_forward(self, b: StepBuffers):
-        """Target forward over [last token, drafts]; returns (logits [1,W,V], features [1,W,F])."""
+    def _verify_forward(self, b: StepBuffers, attend: int | None = None):
+        """Target forward over [last token, drafts]; returns (logits [1,W,V], features [1,W,F]).
+        attend: the cache slots to attend over (``_attended``), None: all."""
         feats = self._features_of(b.k)
         tree = b.tree
         out = self.target.forward(b.verify_tokens, b.verify_positions, aux_layers=feats or (),
-                                  slots=tree.verify_slots if tree else None, mask=tree.verify_mask if tree else None)
+                                  slots=tree.verify_slots if tree else None, mask=tree.verify_mask if tree else None,
+                                  attend=attend)
         return out.logits, (out.aux if feats else out.hidden)
+
+    def _attended(self, used: int) -> int | None:
+        """The cache slots a CPU forward attends over: the `used` ones (every slot its queries may see
+        or write), rounded up to ATTEND_ROUND; attending over the whole cache cost a 1-token forward of
+        the default target on 2 cores about as much as its weights at a 2,048-token context. A GPU
+        attends over the whole cache in both modes (None), so that eager computes what graph mode
+        replays, bit for bit."""
+        if self.device.type != "cpu":
+            return None
+        return min(self.target.cache.capacity, -(-used // ATTEND_ROUND) * ATTEND_ROUND)
 
     def _propose(self, b: StepBuffers):
         """The drafter's part of a step: project the features the last verification (or the prefill)
@@ -578,7 +591,7 @@ class Engine:
                 if k:
                     self._propose(b)
                 timer.mark()
-                logits, features = self._verify_forward(b)
+                logits, features = self._verify_forward(b, self._attended(len(prompt_ids) + generated + shape.width))
                 accept(b, logits, features, params, generator)
                 timer.mark()
                 packed = b.result.tolist()  # the one device-to-host sync of this step
@@ -612,14 +625,14 @@ class Engine:
         lane.host.copy_(b.result, non_blocking=True)
         lane.copied.record()
 
-    def _prefill_forward(self, b: StepBuffers, rows: int) -> torch.Tensor:
+    def _prefill_forward(self, b: StepBuffers, rows: int, attend: int | None = None) -> torch.Tensor:
         """Target over the prompt (padded to `rows`), logits at its last row; the drafter's cache over
         rows 0..rows-2 (row i pairs x[i+1] with h[i]); the last row's features staged for the first
         catch-up. Returns logits [1, 1, V]. Padding rows write K/V past the prompt, which no query
         sees before the steps rewrite them."""
         ids, positions = b.prefill_ids[:, :rows], b.prefill_positions[:, :rows]  # [1, rows]
         feats = self._features_of(b.k)
-        out = self.target.forward(ids, positions, aux_layers=feats or (), logits_rows=b.prefill_last)
+        out = self.target.forward(ids, positions, aux_layers=feats or (), logits_rows=b.prefill_last, attend=attend)
         if b.k:
             features = out.aux if feats else out.hidden  # [1, rows, F]
             b.catch_features[:, :1].copy_(features.index_select(1, b.prefill_last))
@@ -638,7 +651,7 @@ class Engine:
         b.prefill_ids[0, P:rows].zero_()
         b.prefill_last.fill_(P - 1)
         graph = b.graphs.get(f"prefill{rows}")
-        logits = (graph() if graph is not None else self._prefill_forward(b, rows))[0]  # [1, V]
+        logits = (graph() if graph is not None else self._prefill_forward(b, rows, self._attended(rows)))[0]  # [1, V]
         probs = target_probs(logits, params)
         if params.greedy:
             token = logits.argmax(-1)  # [1]

@@ -141,12 +141,15 @@ class Target:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, aux_layers: tuple[int, ...] = (),
                 last_logits_only: bool = False, logits_rows: torch.Tensor | None = None,
-                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> TargetOutput:
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                attend: int | None = None) -> TargetOutput:
         """Run tokens at positions through the decoder, writing their K/V into the cache at `slots`
         (default: the positions) and attending as `mask` allows (default: causal over the slots; a
         draft tree passes its own, demo/tree.py). `aux_layers` names the residual streams to return
         (id i: the stream entering layer i), in that order. Logits are computed at every row, the last
-        only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names.
+        only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names. `attend`: attend over
+        the first `attend` cache slots only (every slot a query may see, and every slot written,
+        must lie below it; a mask is cut to them); None: over the whole cache.
 
         No blocking CPU operation happens here: it is captured as a CUDA graph as it stands.
         """
@@ -156,13 +159,15 @@ class Target:
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, q, hd]
         sin = self.sin[positions].unsqueeze(1)
         slots = positions if slots is None else slots
-        mask = causal_slot_mask(positions, cache.capacity) if mask is None else mask  # [B, 1, q, S]
+        S = cache.capacity if attend is None else attend
+        mask = causal_slot_mask(positions, S) if mask is None else mask[..., :S]  # [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 streams[i] = x
             att = layer.self_attn
             k_cache, v_cache = cache.layer(i)
+            k_cache, v_cache = k_cache[:, :, :S], v_cache[:, :, :S]  # views: writes reach the cache
             h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
             x = x + attention(
                 h, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, c.num_heads, c.num_kv_heads,

@@ -210,3 +210,18 @@ def test_a_prompt_padded_to_its_bucket_emits_what_the_unpadded_prompt_emits(tree
         outs[pad] = run(engine, PROMPT, max_new_tokens=30, num_spec_tokens=3, tree=tree, stop_token_ids=())
     assert outs[True][0] == outs[False][0] == ref
     assert [e.draft_ids for e in outs[True][1]] == [e.draft_ids for e in outs[False][1]]  # the drafter saw the same
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
+def test_a_cpu_attending_over_the_slots_in_use_writes_what_attending_over_the_whole_cache_writes(tree, monkeypatch):
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    gen = GenerationConfig(max_new_tokens=150, num_spec_tokens=4, tree=tree, stop_token_ids=())
+    cut = Engine(target, drafter, max_context=512)
+    assert cut._attended(70) == 128 and cut._attended(600) == 512
+    prompt = list(range(3, 60))
+    events = list(cut.generate(prompt, gen))
+    monkeypatch.setattr(Engine, "_attended", lambda self, used: None)  # the whole cache, as a GPU attends
+    whole = list(Engine(target, drafter, max_context=512).generate(prompt, gen))
+    assert [e.token_ids for e in events] == [e.token_ids for e in whole]  # prefix crossed several rounds
+    assert [e.num_accepted for e in events] == [e.num_accepted for e in whole]
