@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from demo.drafter_common import DraftAttention, DraftMLP, DrafterBase, DrafterConfig, RMSNorm
-from demo.layers import attention, stacked, swiglu_mlp
+from demo.layers import attention, linear, stacked, swiglu_mlp
 
 
 class EagleLayer(nn.Module):
@@ -44,7 +44,7 @@ class EagleDrafter(DrafterBase):
         tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, V], hidden_out [B, q, H]
         """
         cfg, layer = self.cfg, self.layers[0]
-        x = self.fc(torch.cat((self.embed(tokens), hidden), dim=-1))  # [B, q, H], also the residual
+        x = linear(self.fc, torch.cat((self.embed(tokens), hidden), dim=-1))  # [B, q, H], also the residual
         cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
         k_cache, v_cache = self.cache.layer(0)
         att = layer.self_attn
@@ -52,4 +52,4 @@ class EagleDrafter(DrafterBase):
                           cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         mlp = layer.mlp
         x = x + swiglu_mlp(layer.post_attention_layernorm(x), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
-        return (self.lm_head(x) if logits else None), x
+        return (linear(self.lm_head, x) if logits else None), x

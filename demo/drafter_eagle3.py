@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from demo.drafter_common import DraftAttention, DraftMLP, DrafterBase, DrafterConfig, RMSNorm
-from demo.layers import attention, stacked, swiglu_mlp
+from demo.layers import attention, linear, stacked, swiglu_mlp
 
 
 class Eagle3Layer(nn.Module):
@@ -87,7 +87,7 @@ class Eagle3Drafter(DrafterBase):
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H]."""
-        return self.fc(features)
+        return linear(self.fc, features)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
                 slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True):
@@ -106,7 +106,7 @@ class Eagle3Drafter(DrafterBase):
                                  cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         mlp = layer.mlp
         h = h + swiglu_mlp(layer.post_attention_layernorm(h), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
-        return (self.lm_head(self.norm(h)) if logits else None), h
+        return (linear(self.lm_head, self.norm(h)) if logits else None), h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids mapped to the target vocabulary: target id = draft id + d2t[draft id]."""

@@ -67,13 +67,22 @@ class StackedLinear:
     stacked into one tensor and each module's parameters become views of it: nothing is stored
     twice, and the modules (transformers, training, state_dict) still see their own weights, which
     in-place updates (load_state_dict, an optimizer) keep writing through to the stack. Linears that
-    cannot be stacked (other module types, mixed dtypes or devices) run one by one."""
+    cannot be stacked (other module types, mixed dtypes or devices) run one by one.
+
+    On a CPU in fp32, a call over several rows (a verification, a prefill) multiplies by a copy of the
+    weight in oneDNN's prepacked layout, made on the first such call and again after the weight
+    changes: PyTorch's plain fp32 matrix multiply took 1.8 to 2.5 x as long for 4 rows as for 1 on 2
+    cores, the prepacked one about as long (docs/PERFORMANCE.md). One row keeps the plain multiply."""
 
     def __init__(self, linears: tuple):
         self.linears = linears
         self.sizes = [m.out_features if hasattr(m, "out_features") else m.weight.shape[0] for m in linears]
         self.weight = self.bias = None
+        self._packed, self._packed_from = None, None  # the oneDNN copy, and (storage, version) it was made from
         if not _stackable(linears):
+            return
+        if len(linears) == 1:  # nothing to stack: the module's own parameters
+            self.weight, self.bias = linears[0].weight, linears[0].bias
             return
         with torch.inference_mode(False), torch.no_grad():
             self.weight = torch.cat([m.weight for m in linears])  # [sum(out), in]
@@ -105,7 +114,33 @@ class StackedLinear:
         """x: [..., in] -> one [..., out_i] per linear."""
         if self.weight is None:
             return tuple(m(x) for m in self.linears)
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        w = self.weight
+        if (x.numel() > x.shape[-1] and w.dtype == torch.float32 and w.device.type == "cpu" and ONEDNN
+                and not torch.compiler.is_compiling()):
+            y = torch.ops.mkldnn._linear_pointwise(x, self._prepacked(), self.bias, "none", [], "")
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        return y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else (y,)
+
+    def _prepacked(self) -> torch.Tensor:
+        """The weight in oneDNN's layout (packed for PREPACK_ROWS rows; it serves any count)."""
+        source = (self.weight.data_ptr(), self.weight._version)  # in-place updates bump the version
+        if self._packed_from != source:
+            with torch.no_grad():
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PREPACK_ROWS)
+            self._packed_from = source
+        return self._packed
+
+
+PREPACK_ROWS = 4  # the row count a CPU weight is prepacked for (a chain of 3's verification)
+ONEDNN = torch.backends.mkldnn.is_available()
+
+
+def linear(module, x: torch.Tensor) -> torch.Tensor:
+    """x through one Linear-like module; on a CPU over several rows, prepacked (StackedLinear)."""
+    if torch.compiler.is_compiling() or x.device.type != "cpu" or x.numel() == x.shape[-1]:
+        return module(x)
+    return stacked(module)(x)[0]
 
 
 def _stackable(linears) -> bool:
@@ -172,10 +207,10 @@ def attention(
     out = F.scaled_dot_product_attention(
         qs, k_cache, v_cache, attn_mask=mask, enable_gqa=num_heads != num_kv_heads
     )  # [B, nh, q, hd]
-    return o_proj(out.transpose(1, 2).reshape(B, q, num_heads * head_dim))
+    return linear(o_proj, out.transpose(1, 2).reshape(B, q, num_heads * head_dim))
 
 
 def swiglu_mlp(x: torch.Tensor, gate_up: StackedLinear, down_proj, act=F.silu) -> torch.Tensor:
     """down(act(gate(x)) * up(x)), gate and up as one matmul; x: [B, q, H] -> [B, q, H]."""
     gate, up = gate_up(x)
-    return down_proj(act(gate) * up)
+    return linear(down_proj, act(gate) * up)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from demo.kv_cache import KVCache
-from demo.layers import attention, causal_slot_mask, rms_norm, rope_tables, stacked, swiglu_mlp
+from demo.layers import attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked, swiglu_mlp
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -180,9 +180,9 @@ class Target:
             streams[c.num_layers] = x  # id L: the last layer's output before the final norm
         hidden = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)  # [B, q, H]
         if logits_rows is not None:
-            logits = self.lm_head(hidden.index_select(1, logits_rows))  # [B, R, V]
+            logits = linear(self.lm_head, hidden.index_select(1, logits_rows))  # [B, R, V]
         else:
-            logits = self.lm_head(hidden[:, -1:] if last_logits_only else hidden)
+            logits = linear(self.lm_head, hidden[:, -1:] if last_logits_only else hidden)
         return TargetOutput(logits=logits, hidden=hidden, aux=torch.cat([streams[i] for i in aux_layers], dim=-1) if aux_layers else None)
 
 

@@ -1,9 +1,10 @@
 """demo/layers.py StackedLinear: q/k/v and gate/up as one matmul over weights stacked in place."""
 
+import pytest
 import torch
 from torch import nn
 
-from demo.layers import StackedLinear, stacked
+from demo.layers import StackedLinear, linear, stacked
 from demo.target import Target
 from tests.tiny import tiny_hf
 
@@ -91,3 +92,36 @@ def test_a_compiled_forward_reads_the_stacks_made_before_it():
         target.stack_weights()
         got = compile_step(lambda: target.forward(tokens, positions).logits)()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch build")
+
+
+@needs_onednn
+def test_on_a_cpu_several_rows_go_through_the_prepacked_weight_and_one_row_through_the_plain_one(monkeypatch):
+    from demo import layers
+
+    mods = _linears(bias=True)
+    stack = stacked(*mods)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(layers.torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a),
+                        raising=False)
+    x = torch.randn(1, 4, 16)
+    for got, m in zip(stack(x), mods):
+        torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+    assert calls == [1]
+    one = torch.randn(1, 1, 16)
+    for got, m in zip(stack(one), mods):
+        assert torch.equal(got, m(one))  # the plain multiply, bit for bit
+    assert calls == [1]
+
+
+@needs_onednn
+def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again():
+    lin = nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    linear(lin, x)  # prepacks
+    new = {k: torch.randn_like(v) for k, v in lin.state_dict().items()}
+    lin.load_state_dict(new)  # in place: the same storage, a new version
+    torch.testing.assert_close(linear(lin, x), x @ new["weight"].T + new["bias"], rtol=1e-5, atol=1e-5)
