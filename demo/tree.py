@@ -53,7 +53,8 @@ class TreeShape:
 # (k, tree or None for a chain), the app's default (docs/RESULTS.md, "Draft trees"): on an H200 in
 # graph mode a wide tree (the verification forward is launch-bound, so 97 tokens cost about what 8
 # do); on 2 CPU cores, where verification grows with the width, a chain of 3 (29.3 tokens/s against
-# 27.9 for the best tree measured, depth 4, top-2, 8 tokens, which the tree settings start from).
+# 27.9 for the best tree measured, depth 4, top-2, 8 tokens, which the tree settings start from;
+# with prepacked weights the two ran within the machine's noise of each other, RESULTS.md C6).
 DEFAULT_DRAFTS = {"cuda": (8, TreeShape(8, 96)), "cpu": (3, None)}
 DEFAULT_TREES = {"cuda": TreeShape(8, 96), "cpu": TreeShape(2, 8)}
 
