@@ -155,13 +155,13 @@ def _stackable(linears) -> bool:
 def stacked(*linears) -> StackedLinear:
     """The StackedLinear of these modules: made on first use, made again once stale. Under
     torch.compile the one made before (``stack_weights`` of the target and drafters) is read as it is."""
-    owner = linears[0]
+    owner, key = linears[0], f"_speclens_stack{len(linears)}"  # a module alone and in a group: two stacks
     if torch.compiler.is_compiling():
-        return owner._speclens_stack
-    stack = owner.__dict__.get("_speclens_stack")
+        return getattr(owner, key)
+    stack = owner.__dict__.get(key)
     if stack is None or stack.linears != linears or not stack.current():
         stack = StackedLinear(linears)
-        owner.__dict__["_speclens_stack"] = stack
+        owner.__dict__[key] = stack
     return stack
 
 

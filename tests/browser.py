@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-MAX_NEW_TOKENS = 512  # the streaming test's budget: it stops the reply long before that
+MAX_NEW_TOKENS = 1900  # the streaming tests' budget, far past where they stop the reply (prompt + 1,900 fit the 2,048-token context)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1500,1900"]

@@ -27,6 +27,14 @@ def test_a_stack_computes_what_its_linears_compute_and_stores_no_weight_twice():
         assert stacked(*mods) is stack  # made once
 
 
+def test_a_module_alone_and_in_its_group_keeps_both_stacks():
+    mods = _linears()
+    group = stacked(*mods)
+    alone = stacked(mods[0])
+    assert stacked(*mods) is group and stacked(mods[0]) is alone  # neither replaced the other
+    assert mods[0].weight.data_ptr() == group.weight.data_ptr()
+
+
 def test_in_place_weight_updates_reach_the_stack():
     mods = _linears()
     stack = stacked(*mods)
