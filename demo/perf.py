@@ -63,8 +63,11 @@ def phase_functions(engine, b, params, generator=None) -> dict:
         fns["draft"] = (lambda: engine._draft_tree(b)) if b.tree is not None else (lambda: engine._chain(b))
     verified = []  # the last verification's (logits, features), which the acceptance test reads
 
+    last = int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
+    attend = engine._attended(last + 1)  # the cache slots the engine attends over (on a CPU, those in use)
+
     def verify():
-        verified[:] = [engine._verify_forward(b)]
+        verified[:] = [engine._verify_forward(b, attend)]
     fns["verify"] = verify
     accept = engine._accept_tree if b.tree is not None else engine._accept
     fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
