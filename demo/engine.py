@@ -348,7 +348,7 @@ class Engine:
         self.target.stack_weights()  # compiled code reads the stacks made before it (demo.layers.stacked)
         if self.drafter is not None:
             self.drafter.stack_weights()
-        accept_fn = self._accept_tree if b.tree is not None else self._accept
+        accept_fn = self._acceptance(b)
         propose = self._maybe_compile(lambda: self._propose(b), "propose") if b.k else None
         verify = self._maybe_compile(lambda: self._verify_forward(b), "verify")
         accept = self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None),
@@ -454,6 +454,10 @@ class Engine:
         tb.q_row.copy_(draft.q_row)
         if tb.q is not None:  # the drafter's q over the target vocabulary, for the acceptance test
             tb.q.zero_().index_copy_(1, tb.draft_to_target, draft.q)
+
+    def _acceptance(self, b: StepBuffers):
+        """The acceptance test of b's shape: a tree's or a chain's."""
+        return self._accept_tree if b.tree is not None else self._accept
 
     def _accept(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
                 generator):
@@ -567,7 +571,7 @@ class Engine:
         clock = time.perf_counter()
         generated = 1
         step = 0
-        accept = self._accept_tree if shape.tree else self._accept
+        accept = self._acceptance(b)
         lane, ahead = 0, False  # graph mode: the lane of the next step; whether it is already launched
         while not done:
             step += 1
@@ -620,7 +624,7 @@ class Engine:
             b.tree.uniforms.uniform_(generator=generator)
         logits, features = lane.graphs["step" if params.greedy else "step_sampled"]()
         if not params.greedy:
-            (self._accept_tree if b.tree is not None else self._accept)(b, logits, features, params, generator)
+            self._acceptance(b)(b, logits, features, params, generator)
         lane.end.record()
         lane.host.copy_(b.result, non_blocking=True)
         lane.copied.record()

@@ -101,11 +101,12 @@ class StackedLinear:
         or device, or a reassigned ``.data``, gives a module new storage: the stack is then stale)."""
         if self.weight is None:
             return not _stackable(self.linears)
-        at = 0
+        at = 0  # the row each module's slice starts at
         for m, n in zip(self.linears, self.sizes):
             views = [(m.weight, self.weight)] + ([(m.bias, self.bias)] if m.bias is not None else [])
             for p, stack in views:
-                if p.device != stack.device or p.dtype != stack.dtype or p.data_ptr() != stack[at].data_ptr():
+                start = stack.data_ptr() + at * stack.stride(0) * stack.element_size()
+                if p.device != stack.device or p.dtype != stack.dtype or p.data_ptr() != start:
                     return False
             at += n
         return True

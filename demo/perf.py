@@ -69,7 +69,7 @@ def phase_functions(engine, b, params, generator=None) -> dict:
     def verify():
         verified[:] = [engine._verify_forward(b, attend)]
     fns["verify"] = verify
-    accept = engine._accept_tree if b.tree is not None else engine._accept
+    accept = engine._acceptance(b)
     fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
     return fns
 
