@@ -126,14 +126,12 @@ def usable(driver, selector: str, timeout: float = 60):
 
 
 def tree_step(driver) -> int:
-    """The step whose tree the tree view shows (0: none yet, or redrawn while read), from the figure's title."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    try:
-        titles = css(driver, "#sl-plot-tree .js-plotly-plot .gtitle")
-        match = re.match(r"Draft tree of step (\d+):", titles[0].text if titles else "")
-    except StaleElementReferenceException:  # plotly replaced the title as it was read
-        return 0
+    """The step whose tree the tree view shows (0: none yet), from the figure's title. Read in the page
+    in one call: while a reply streams plotly redraws the figure, and an element fetched first and read
+    after could go stale at every poll on a busy machine (CI timed out so with the tree at step 482)."""
+    title = driver.execute_script(
+        "const t = document.querySelector('#sl-plot-tree .js-plotly-plot .gtitle'); return t ? t.textContent : '';")
+    match = re.match(r"Draft tree of step (\d+):", title or "")
     return int(match.group(1)) if match else 0
 
 
