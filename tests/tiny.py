@@ -98,13 +98,16 @@ class OracleDrafter(nn.Module):
     def share_target(self, target):
         pass
 
+    def stack_weights(self):
+        pass  # no projections to stack
+
     def setup_cache(self, capacity: int, batch: int = 1):
         self.cache = types.SimpleNamespace(capacity=capacity)  # no K/V: only a tree's mask width reads it
 
     def project(self, features):
         return features
 
-    def forward(self, tokens, positions, hidden, slots=None, mask=None, logits=True):
+    def forward(self, tokens, positions, hidden, slots=None, mask=None, logits=True, attend=None):
         # the row at position i pairs token x[i+1] with feature h[i]: it predicts x[i+2]
         first = nn.functional.one_hot(self.table[positions + 2], self.vocab_size)
         second = nn.functional.one_hot(self.runner_up[positions + 2], self.vocab_size)
