@@ -4,8 +4,8 @@
     python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph
 
 ``table``: one process, one loaded target, the same prompts (first turns, greedy): transformers'
-``generate()`` (dynamic cache; on a GPU also a static cache with the forward compiled, transformers'
-documented recipe), then SpecLens target-only and each bundled drafter as a chain and as the
+``generate()`` (dynamic cache; on a GPU also a static cache, with which ``generate()`` compiles its
+decoding forward itself), then SpecLens target-only and each bundled drafter as a chain and as the
 device's default tree, in every mode the device has (eager; on a GPU cudagraph, the drafter
 compiled, and everything compiled). Each row: tokens/s, tokens per target forward, propose and
 verify ms per step, and its speed over transformers' best and over SpecLens' best target-only.
@@ -48,7 +48,10 @@ class PhaseProfile:
 @dataclass
 class StepProfile:
     phases: list[PhaseProfile]
-    step_graph_ms: float | None = None  # replay of the whole step's graph (greedy), cudagraph mode
+    step_graph_ms: float | None = None  # replay of the whole step's graph (greedy) at its attend bucket, cudagraph mode
+    attend: int = 0  # that bucket: the cache slots the step attends over
+    whole_context_step_ms: float | None = None  # the same step attending over the whole context
+    context: int = 0
     prefill_graph_ms: float | None = None  # replay of the prompt's prefill graph
     prompt_tokens: int = 0
     prefill_rows: int = 0  # the prompt's bucket
@@ -57,14 +60,14 @@ class StepProfile:
 def phase_functions(engine, b, params, generator=None) -> dict:
     """The step's phases over the buffers ``b`` (demo.engine.StepBuffers), in step order."""
     fns = {}
+    last = int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
+    attend = engine._attended(last + 1)  # the cache slots the engine attends over (its bucket, on a GPU)
     if b.k:
         fns["project"] = lambda: b.catch_hidden.copy_(engine.drafter.project(b.catch_features))
-        fns["catch_up"] = lambda: engine._catch_up(b)
-        fns["draft"] = (lambda: engine._draft_tree(b)) if b.tree is not None else (lambda: engine._chain(b))
+        fns["catch_up"] = lambda: engine._catch_up(b, attend)
+        fns["draft"] = ((lambda: engine._draft_tree(b, attend)) if b.tree is not None
+                        else (lambda: engine._chain(b, attend)))
     verified = []  # the last verification's (logits, features), which the acceptance test reads
-
-    last = int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
-    attend = engine._attended(last + 1)  # the cache slots the engine attends over (on a CPU, those in use)
 
     def verify():
         verified[:] = [engine._verify_forward(b, attend)]
@@ -125,7 +128,12 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
         phases.append(PhaseProfile(name, kernels, ms, top))
     out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
-        out.step_graph_ms = _replay_ms(b.graphs["step"], repeats)
+        last = int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
+        out.attend = engine._attended(last + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
+        out.context = engine.max_context
+        out.step_graph_ms = _replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
+        if out.attend != out.context:
+            out.whole_context_step_ms = _replay_ms(b.graphs["step"], repeats)
     prefill = b.graphs.get(f"prefill{out.prefill_rows}")
     if prefill is not None:
         out.prefill_graph_ms = _replay_ms(prefill, repeats)
@@ -140,7 +148,9 @@ def format_profile(profile: StepProfile, title: str) -> str:
     lines.append(f"{'step':<10}{sum(p.kernels for p in profile.phases):>9}"
                  f"{sum(p.kernel_ms for p in profile.phases):>11.3f}")
     if profile.step_graph_ms is not None:
-        lines.append(f"step graph replay: {profile.step_graph_ms:.3f} ms")
+        lines.append(f"step graph replay: {profile.step_graph_ms:.3f} ms (attending over {profile.attend} slots)"
+                     + (f"; {profile.whole_context_step_ms:.3f} ms over the whole context ({profile.context})"
+                        if profile.whole_context_step_ms is not None else ""))
     if profile.prefill_graph_ms is not None:
         lines.append(f"prefill graph replay ({profile.prompt_tokens} prompt tokens, run at {profile.prefill_rows} "
                      f"rows): {profile.prefill_graph_ms:.3f} ms")
@@ -200,11 +210,15 @@ def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_c
                      clock=time.perf_counter) -> PerfRow:
     """transformers' own greedy ``generate()`` over the prompts (one warm-up on the first), timed by `clock`."""
     config = hf.generation_config
-    saved = (config.cache_implementation, hf.forward)
+    saved = config.cache_implementation
     try:
         if static_compiled:
+            # generate() compiles the decoding forward itself (CompileConfig, "reduce-overhead") once
+            # a static cache is set, on a GPU. Compiling hf.forward by hand as well (the older recipe)
+            # fails in transformers 5.17 on the H200: the static cache is made lazily inside the first
+            # forward, so under a compiled forward its tensors are CUDA-graph outputs the next replay
+            # overwrites ("accessing tensor output of CUDAGraphs that has been overwritten")
             config.cache_implementation = "static"
-            hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=config.eos_token_id)
         device = hf.device
         run = lambda ids: hf.generate(torch.tensor([ids], device=device), **kwargs)  # noqa: E731
@@ -218,7 +232,7 @@ def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_c
             seconds += clock() - start
             tokens += out.shape[1] - len(ids)
     finally:
-        config.cache_implementation, hf.forward = saved
+        config.cache_implementation = saved
     name = "transformers generate(), " + ("static cache, compiled" if static_compiled else "dynamic cache")
     return PerfRow(name, tokens / seconds if seconds else 0.0, kind="transformers")
 
