@@ -7,11 +7,13 @@ Drafter contract (duck-typed, vLLM's proposer verbs):
   at the start of the step's propose phase (EAGLE-3's fc; identity for EAGLE).
 - ``setup_cache(capacity)``: its own one-layer static KV cache and RoPE tables, sized to the
   target's context (not the drafter's max_position_embeddings, vLLM #48894).
-- ``forward(tokens, positions, hidden, slots=None, mask=None, logits=True) -> (logits, hidden_out)``:
-  one pass of the draft layer; row i pairs token x[i+1] with feature h[i] at position i. K/V go to
-  the cache at `slots` (default: the positions) and attention follows `mask` (default: causal); a
-  draft tree passes its own (demo/tree.py). ``logits=False`` returns None for them (the prefill
-  only fills the cache).
+- ``forward(tokens, positions, hidden, slots=None, mask=None, logits=True, attend=None) -> (logits,
+  hidden_out)``: one pass of the draft layer; row i pairs token x[i+1] with feature h[i] at position
+  i. K/V go to the cache at `slots` (default: the positions) and attention follows `mask` (default:
+  causal) over the first `attend` cache slots (default: all); a draft tree passes its own mask
+  (demo/tree.py). ``logits=False`` returns None for them (the prefill only fills the cache).
+- ``stack_weights()``: stack its q/k/v and gate/up projections before the engine compiles or
+  captures (demo.layers.stacked).
 - ``select(logits) -> target ids``: greedy draft token, mapped from the draft vocabulary (d2t);
   ``to_target(draft_ids)`` maps any draft ids.
 """
@@ -153,14 +155,19 @@ class DrafterBase(nn.Module):
             self.cos, self.sin = rope_tables(inv_freq, capacity, 1.0, p.dtype, p.device)
         return self.cache
 
-    def rope_slots_mask(self, positions: torch.Tensor, slots: torch.Tensor | None, mask: torch.Tensor | None):
-        """cos, sin [B, 1, q, hd] of the positions [B, q]; the cache slots (default: the positions)
-        and the attention mask [B, 1, q, S] (default: causal over the slots, see causal_slot_mask)."""
+    def rope_slots_mask(self, positions: torch.Tensor, slots: torch.Tensor | None, mask: torch.Tensor | None,
+                        attend: int | None = None):
+        """cos, sin [B, 1, q, hd] of the positions [B, q]; the cache slots (default: the positions),
+        the attention mask [B, 1, q, S] (default: causal over the slots, see causal_slot_mask) and the
+        cache's K and V [B, nkv, S, hd], S = `attend` (the first slots only; default: all), as
+        views whose writes reach the cache."""
         if slots is None:
             slots = positions
-        if mask is None:
-            mask = causal_slot_mask(positions, self.cache.capacity)
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), slots, mask
+        S = self.cache.capacity if attend is None else attend
+        mask = causal_slot_mask(positions, S) if mask is None else mask[..., :S]
+        k_cache, v_cache = self.cache.layer(0)
+        return (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), slots, mask,
+                k_cache[:, :, :S], v_cache[:, :, :S])
 
     def stack_weights(self) -> None:
         """Stack the draft layer's q/k/v and gate/up weights (demo.layers.StackedLinear), or restack

@@ -38,15 +38,16 @@ class EagleDrafter(DrafterBase):
         return features
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
-                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True):
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True,
+                attend: int | None = None):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
-        tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, V], hidden_out [B, q, H]
+        tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None;
+        attend: attend over the first `attend` cache slots (None: all) -> logits [B, q, V], hidden_out [B, q, H]
         """
         cfg, layer = self.cfg, self.layers[0]
         x = linear(self.fc, torch.cat((self.embed(tokens), hidden), dim=-1))  # [B, q, H], also the residual
-        cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
-        k_cache, v_cache = self.cache.layer(0)
+        cos, sin, slots, mask, k_cache, v_cache = self.rope_slots_mask(positions, slots, mask, attend)
         att = layer.self_attn
         x = x + attention(x, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, cfg.num_heads,
                           cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)

@@ -90,17 +90,18 @@ class Eagle3Drafter(DrafterBase):
         return linear(self.fc, features)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
-                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True):
+                slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True,
+                attend: int | None = None):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
-        tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
+        tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None;
+        attend: attend over the first `attend` cache slots (None: all) -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
         """
         cfg, layer = self.cfg, self.midlayer
         normed = layer.hidden_norm(hidden)
         residual = normed if cfg.norm_before_residual else hidden
         x = torch.cat((layer.input_layernorm(self.embed(tokens)), normed), dim=-1)  # [B, q, 2H]
-        cos, sin, slots, mask = self.rope_slots_mask(positions, slots, mask)
-        k_cache, v_cache = self.cache.layer(0)
+        cos, sin, slots, mask, k_cache, v_cache = self.rope_slots_mask(positions, slots, mask, attend)
         att = layer.self_attn
         h = residual + attention(x, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, cfg.num_heads,
                                  cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)

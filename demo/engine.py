@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator
 
 import torch
@@ -85,6 +85,7 @@ class StepEvent:
 TOP_SHOWN = 5  # candidates per position an event carries for inspection (the target's, a chain drafter's)
 PREFILL_MIN_BUCKET = 64  # a GPU runs a prompt at the next power of two from this (at most the context)
 ATTEND_ROUND = 64  # a CPU attends over the cache slots in use, rounded up to a multiple of this
+ATTEND_MIN_BUCKET = 512  # a GPU attends over the next power of two from this (at most the context)
 
 
 @dataclass
@@ -109,7 +110,7 @@ class StepBuffers:
     prefill_positions: torch.Tensor | None = None  # [1, C] int64: 0..C-1
     prefill_last: torch.Tensor | None = None  # [1] int64: the prompt's last row
     catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects (k > 0)
-    lanes: list["Lane"] = field(default_factory=list)  # graph mode: the two alternating captured steps
+    lanes: dict = field(default_factory=dict)  # graph mode: attend bucket -> its two alternating steps [Lane]
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
 
@@ -179,6 +180,12 @@ def _own_code(fn: Callable[[], object]) -> Callable[[], object]:
     clone = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     clone.__kwdefaults__ = fn.__kwdefaults__
     return clone
+
+
+def _state_tensors(b: StepBuffers) -> list[torch.Tensor]:
+    """Every persistent tensor of a shape's step (its own and its tree's)."""
+    parts = [b] + ([b.tree] if b.tree is not None else [])
+    return [t for part in parts for f in fields(part) if isinstance(t := getattr(part, f.name), torch.Tensor)]
 
 
 class CapturedStep:
@@ -349,32 +356,46 @@ class Engine:
         if self.drafter is not None:
             self.drafter.stack_weights()
         accept_fn = self._acceptance(b)
-        propose = self._maybe_compile(lambda: self._propose(b), "propose") if b.k else None
-        verify = self._maybe_compile(lambda: self._verify_forward(b), "verify")
         accept = self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None),
                                      "accept")
+        # a capture runs its step three times, and each run moves the positions on: every capture
+        # starts from the state prepare() made, or a small bucket's warm-ups would write past its slots
+        fresh = [t.clone() for t in _state_tensors(b)]
 
-        def step(greedy: bool, marks: tuple):
-            marks[0].record()
-            if propose is not None:
-                propose()
-            marks[1].record()
-            logits, features = verify()
-            if greedy:
-                accept(logits, features)
-            return logits, features
+        def captured(fn) -> CapturedStep:
+            for t, f in zip(_state_tensors(b), fresh):
+                t.copy_(f)
+            return CapturedStep(fn, pool)
+        for attend in self.attend_buckets():  # the step over each bucket of attended slots
+            propose = self._maybe_compile(lambda a=attend: self._propose(b, a), "propose") if b.k else None
+            verify = self._maybe_compile(lambda a=attend: self._verify_forward(b, a), "verify")
 
-        for i in range(2):  # two lanes (Lane): the same compiled functions, captured twice
-            marks = tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
-            graphs = {}
-            if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
-                graphs["step"] = CapturedStep(lambda marks=marks: step(True, marks), pool)
-            graphs["step_sampled"] = CapturedStep(lambda marks=marks: step(False, marks), pool)
-            b.lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
-                                torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
-            b.graphs.update({name + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
+            def step(greedy: bool, marks: tuple, propose=propose, verify=verify):
+                marks[0].record()
+                if propose is not None:
+                    propose()
+                marks[1].record()
+                logits, features = verify()
+                if greedy:
+                    accept(logits, features)
+                return logits, features
+
+            b.lanes[attend] = []
+            bucket = "" if attend == self.max_context else f"@{attend}"
+            for i in range(2):  # two lanes (Lane): the same compiled functions, captured twice
+                marks = tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+                graphs = {}
+                if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
+                    graphs["step"] = captured(lambda marks=marks, step=step: step(True, marks))
+                graphs["step_sampled"] = captured(lambda marks=marks, step=step: step(False, marks))
+                b.lanes[attend].append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
+                                            torch.empty(b.result.shape, dtype=b.result.dtype,
+                                                        pin_memory=b.result.is_cuda)))
+                b.graphs.update({name + bucket + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
         for size in self.prefill_buckets():
-            b.graphs[f"prefill{size}"] = CapturedStep(lambda size=size: self._prefill_forward(b, size), pool)
+            b.graphs[f"prefill{size}"] = captured(lambda size=size: self._prefill_forward(b, size, self._attended(size)))
+        for t, f in zip(_state_tensors(b), fresh):
+            t.copy_(f)
 
     def _maybe_compile(self, fn, name: str):
         """compile "drafter": the propose phase only; "all": every phase of a step."""
@@ -394,37 +415,50 @@ class Engine:
                                   attend=attend)
         return out.logits, (out.aux if feats else out.hidden)
 
-    def _attended(self, used: int) -> int | None:
-        """The cache slots a CPU forward attends over: the `used` ones (every slot its queries may see
-        or write), rounded up to ATTEND_ROUND; attending over the whole cache cost a 1-token forward of
-        the default target on 2 cores about as much as its weights at a 2,048-token context. A GPU
-        attends over the whole cache in both modes (None), so that eager computes what graph mode
-        replays, bit for bit."""
-        if self.device.type != "cpu":
-            return None
-        return min(self.target.cache.capacity, -(-used // ATTEND_ROUND) * ATTEND_ROUND)
+    def _attended(self, used: int) -> int:
+        """The cache slots a forward attends over, given `used` (every slot its queries may see or
+        write): on a CPU those, rounded up to ATTEND_ROUND (attending over the whole cache cost a
+        1-token forward of the default target on 2 cores about as much as its weights at a 2,048-token
+        context); in graph mode the smallest of ``attend_buckets`` that holds them (one captured step
+        each), and so on a GPU in eager mode too, so that eager computes what graph mode replays, bit
+        for bit. A draft tree's drafter rows go to scratch slots just past them (``_draft_tree``)."""
+        capacity = self.target.cache.capacity
+        if self.device.type == "cpu" and self.mode != "cudagraph":
+            return min(capacity, -(-used // ATTEND_ROUND) * ATTEND_ROUND)
+        return next((a for a in self.attend_buckets() if a >= used), capacity)
 
-    def _propose(self, b: StepBuffers):
+    def attend_buckets(self) -> list[int]:
+        """A GPU's attended-slot buckets: powers of two from ATTEND_MIN_BUCKET, then the context.
+        The attention of a 1- to 97-row forward over a static cache costs about as much per slot
+        as it has slots, masked or not; a bench reply uses a few hundred of 2,048."""
+        sizes, a = [], ATTEND_MIN_BUCKET
+        while a < self.max_context:
+            sizes.append(a)
+            a *= 2
+        return sizes + [self.max_context]
+
+    def _propose(self, b: StepBuffers, attend: int | None = None):
         """The drafter's part of a step: project the features the last verification (or the prefill)
-        staged, catch up on its emitted tokens, then draft the chain or tree."""
+        staged, catch up on its emitted tokens, then draft the chain or tree. attend: as the target's
+        (``_attended``), None: the whole context."""
         b.catch_hidden.copy_(self.drafter.project(b.catch_features))
-        self._catch_up(b)
+        self._catch_up(b, attend)
         if b.tree is not None:
-            self._draft_tree(b)
+            self._draft_tree(b, attend)
         else:
-            self._chain(b)
+            self._chain(b, attend)
 
-    def _catch_up(self, b: StepBuffers):
+    def _catch_up(self, b: StepBuffers, attend: int | None = None):
         """Drafter pass over the k+1 slots of the last verification's emitted tokens; keeps the row
         of the last emitted token as the start of the next draft. Rows after it write stale K/V that
         later steps overwrite before any query can see them."""
-        logits, hidden = self.drafter.forward(b.catch_tokens, b.catch_positions, b.catch_hidden)
+        logits, hidden = self.drafter.forward(b.catch_tokens, b.catch_positions, b.catch_hidden, attend=attend)
         last = b.catch_last
         b.root_logits.copy_(logits.index_select(1, last))  # [1, 1, Vd]
         b.draft_hidden.copy_(hidden.index_select(1, last))  # [1, 1, Hd]
         b.draft_position.copy_(b.catch_positions.index_select(1, last) + 1)  # [1, 1]
 
-    def _chain(self, b: StepBuffers):
+    def _chain(self, b: StepBuffers, attend: int | None = None):
         """k greedy drafts from the root's logits, k-1 single-token drafter steps; drafts go to
         verify_tokens[1:]."""
         token = self.drafter.select(b.root_logits)  # [1, 1]
@@ -432,17 +466,20 @@ class Engine:
         b.verify_tokens[:, 1:2].copy_(token)
         b.chain_logits[0].copy_(b.root_logits.view(-1))  # kept for the event's candidates (one copy a draft)
         for j in range(1, b.k):
-            logits, hidden = self.drafter.forward(token, position, hidden)
+            logits, hidden = self.drafter.forward(token, position, hidden, attend=attend)
             token = self.drafter.select(logits)  # [1, 1]
             position = position + 1
             b.verify_tokens[:, j + 1:j + 2].copy_(token)
             b.chain_logits[j].copy_(logits.view(-1))
 
-    def _draft_tree(self, b: StepBuffers):
-        """Expand and prune the step's tree (demo/tree.py); stage its tokens, positions, slots and mask."""
+    def _draft_tree(self, b: StepBuffers, attend: int | None = None):
+        """Expand and prune the step's tree (demo/tree.py); stage its tokens, positions, slots and mask.
+        The frontier's drafter rows go to scratch slots right after the `attend` ones (the context's
+        without it), which no committed row reaches before a catch-up rewrites it."""
         tb, shape = b.tree, b.shape
+        scratch = self.max_context if attend is None else attend
         draft = draft_tree(self.drafter, shape, tb.root_token, b.root_logits.view(-1), b.draft_hidden.view(-1),
-                           b.draft_position.view(()), self.max_context, tb.uniforms, tb.temperature)
+                           b.draft_position.view(()), scratch, tb.uniforms, tb.temperature)
         b.verify_tokens.copy_(draft.tokens.view(1, -1))
         b.verify_positions.copy_((tb.root_slot + draft.depths).view(1, -1))
         tb.verify_slots.copy_((tb.root_slot + torch.arange(shape.width, device=self.device)).view(1, -1))
@@ -573,17 +610,24 @@ class Engine:
         step = 0
         accept = self._acceptance(b)
         lane, ahead = 0, False  # graph mode: the lane of the next step; whether it is already launched
+        # the slots a step attends over are bounded before the step before it is read (the step runs
+        # ahead in graph mode), so eager bounds them the same way: from the previous step's start plus
+        # the most it can emit; step 1 knows its start
+        previous = generated - (k + 1)
         while not done:
             step += 1
+            attend = self._attended(len(prompt_ids) + previous + k + 1 + shape.width)
+            previous = generated
             if b.lanes:
                 if not ahead:
-                    self._launch(b, b.lanes[lane], params, generator)
-                current, lane = b.lanes[lane], 1 - lane
+                    self._launch(b, b.lanes[attend][lane], params, generator)
+                current, lane = b.lanes[attend][lane], 1 - lane
                 # run the next step ahead, unless this one may end on the budget (then the next one
                 # might not fit the context); a step ending on a stop token wastes the one ahead
                 ahead = generated + k + 1 < gen.max_new_tokens
                 if ahead:
-                    self._launch(b, b.lanes[lane], params, generator)
+                    ahead_lane = b.lanes[self._attended(len(prompt_ids) + generated + k + 1 + shape.width)][lane]
+                    self._launch(b, ahead_lane, params, generator)
                 current.copied.synchronize()  # the one device-to-host sync of this step
                 packed = current.host.tolist()
                 draft_ms, verify_ms = current.marks[0].elapsed_time(current.marks[1]), \
@@ -593,9 +637,9 @@ class Engine:
                     b.tree.uniforms.uniform_(generator=generator)
                 timer.start()
                 if k:
-                    self._propose(b)
+                    self._propose(b, attend)
                 timer.mark()
-                logits, features = self._verify_forward(b, self._attended(len(prompt_ids) + generated + shape.width))
+                logits, features = self._verify_forward(b, attend)
                 accept(b, logits, features, params, generator)
                 timer.mark()
                 packed = b.result.tolist()  # the one device-to-host sync of this step
@@ -607,7 +651,7 @@ class Engine:
             generated += len(emitted)
             done = reason is not None
             if done and ahead:  # the step run ahead was wasted: this generation pays for it
-                b.lanes[lane].copied.synchronize()
+                ahead_lane.copied.synchronize()
             stats.observe_step(len(emitted), draft_ms, verify_ms)
             stats.elapsed_s += time.perf_counter() - clock
             end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
@@ -642,7 +686,7 @@ class Engine:
             b.catch_features[:, :1].copy_(features.index_select(1, b.prefill_last))
             if rows > 1:
                 hidden = self.drafter.project(features[:, : rows - 1])
-                self.drafter.forward(ids[:, 1:], positions[:, : rows - 1], hidden, logits=False)
+                self.drafter.forward(ids[:, 1:], positions[:, : rows - 1], hidden, logits=False, attend=attend)
         return out.logits
 
     def _prefill(self, b: StepBuffers, prompt_ids: list[int], params: SamplingParams, generator):

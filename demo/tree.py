@@ -157,7 +157,8 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
 
     root_token: [1] int64; root_logits: [Vd] the drafter's logits at the root; root_hidden: [Hd]
     its hidden output there; draft_position: [] int64, the drafter position of the depth-1 rows
-    (committed drafter rows are the slots before it); scratch_base: the first scratch slot;
+    (committed drafter rows are the slots before it); scratch_base: the first scratch slot (the
+    drafter attends over the slots below scratch_base + (depth - 1) * topk, its scratch included);
     uniforms: [D, K*K] in [0, 1) and temperature: [1], for sampled drafts (row 0 uses its first K
     uniforms; q is the drafter's softmax at the target's temperature)."""
     D, K = shape.depth, shape.topk
@@ -189,7 +190,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
     f_ids = ids.view(K)  # [K] its draft id
     f_score = logq.view(K)  # [K]
     f_hidden = root_hidden.reshape(1, -1).expand(K, -1)  # [K, Hd] drafter input of each frontier row
-    capacity = drafter.cache.capacity
+    capacity = scratch_base + (D - 1) * K  # the drafter slots attended over
     slot_ids = torch.arange(capacity, device=dev)  # [S]
     f_seen = (slot_ids[None, :] == scratch_base + torch.arange(K, device=dev)[:, None])  # [K, S] own slot
     for d in range(1, D):
@@ -198,7 +199,8 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         positions = (draft_position + d - 1).view(1, 1).expand(1, K)  # [1, K]
         slots = (scratch_base + (d - 1) * K + torch.arange(K, device=dev)).view(1, K)  # [1, K]
         mask = ((slot_ids < draft_position)[None, :] | f_seen).view(1, 1, K, capacity)  # [1, 1, K, S]
-        logits, hidden = drafter.forward(tokens, positions, f_hidden.reshape(1, K, -1), slots=slots, mask=mask)
+        logits, hidden = drafter.forward(tokens, positions, f_hidden.reshape(1, K, -1), slots=slots, mask=mask,
+                                         attend=capacity)
         ids, logq = children(logits[0], uniforms[d].view(K, K) if shape.sampled else None)  # [K, K] each
         scores = (f_score[:, None] + logq).view(K * K)  # [K*K] cumulative log q
         cand_ids.append(ids.view(K * K))

@@ -14,16 +14,19 @@ import demo.engine as engine_module
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
 from demo.tree import TreeShape
-from tests.tiny import tiny_drafter, tiny_hf
+from tests.tiny import corrupted_oracle, hf_greedy, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
 
 
 class StandInGraph:
-    """CapturedStep's interface; each replay runs the function there and then."""
+    """CapturedStep's interface; each replay runs the function there and then. Construction runs it
+    as often as a capture does (its warm-ups, then the captured run), moving the state on as much."""
 
     def __init__(self, fn, pool, warmup: int = 2):
         self.fn, self.replays = fn, 0
+        for _ in range(warmup):
+            fn()
         self.output = fn()
 
     def __call__(self):
@@ -75,7 +78,7 @@ def test_running_the_next_step_ahead_gives_eagers_tokens(graph_mode, tree, rule)
     engine = graph_mode(target, drafter, max_context=128)
     ahead, events = _run(engine, gen)
     assert ahead == eager
-    lanes = engine.prepare(gen.draft_shape(3)).lanes
+    (lanes,) = engine.prepare(gen.draft_shape(3)).lanes.values()  # one attend bucket: the context
     name = "step" if rule == "greedy" else "step_sampled"
     replays = [lane.graphs[name].replays for lane in lanes]
     assert replays[0] >= 1 and replays[1] >= 1  # the steps alternated between the lanes
@@ -95,6 +98,49 @@ def test_a_step_run_ahead_of_a_stop_is_wasted_and_one_that_could_pass_the_contex
     engine = graph_mode(target, drafter, max_context=context)
     stopped, events = _run(engine, stop)
     assert stopped == free[:end + 1]
-    lanes = engine.prepare(stop.draft_shape(k)).lanes
+    (lanes,) = engine.prepare(stop.draft_shape(k)).lanes.values()
     assert sum(lane.graphs["step"].replays for lane in lanes) == len(events) - 1 + 1  # one step wasted
     assert _run(engine, fill)[0] == free  # the budget fills the context exactly: nothing ran past it
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_each_step_runs_on_an_attend_bucket_that_holds_it_and_gives_eagers_tokens(graph_mode, monkeypatch, tree):
+    # buckets 16, 32, 64 and 128: a reply of 7 + 100 tokens crosses all four. The drafter is right
+    # four times in five, so steps emit several tokens: a step bounded without what the step before
+    # it may emit writes a K/V slot past its bucket's cache views, which fails at once on a CPU
+    monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 16)
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    drafter = corrupted_oracle(PROMPT + hf_greedy(hf, PROMPT, 100), target, every=5)
+    gen = GenerationConfig(max_new_tokens=100, num_spec_tokens=3, tree=tree, stop_token_ids=())
+    eager, eager_events = _run(Engine(target, drafter, max_context=128), gen)
+    assert len(eager) > 2 * (len(eager_events) - 1)  # more than two tokens a step
+    engine = graph_mode(target, drafter, max_context=128)
+    assert engine.attend_buckets() == [16, 32, 64, 128]
+    ahead, events = _run(engine, gen)
+    assert ahead == eager
+    lanes = engine.prepare(gen.draft_shape(3)).lanes
+    replays = {a: sum(lane.graphs["step"].replays for lane in pair) for a, pair in lanes.items()}
+    assert sum(replays.values()) == len(events) - 1
+    assert all(replays.values())
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_every_capture_starts_from_the_state_prepare_made(graph_mode, monkeypatch, tree):
+    # a capture runs its step three times (warm-ups, then the captured run), each moving the positions
+    # on; run back to back, the captures of four buckets would move them dozens of slots, past the
+    # smallest bucket's, so each capture starts again from the state prepare() made, and graph mode
+    # leaves the state as eager's prepare() leaves it
+    monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 16)
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    shape = GenerationConfig(num_spec_tokens=3, tree=tree).draft_shape(3)
+    seen = []
+    verify = Engine._verify_forward
+    monkeypatch.setattr(Engine, "_verify_forward",
+                        lambda self, b, attend=None: seen.append(int(b.verify_positions.max())) or verify(self, b, attend))
+    eager = Engine(target, drafter, max_context=128).prepare(shape)
+    graph = graph_mode(target, drafter, max_context=128).prepare(shape)
+    assert max(seen) < 16  # each capture's three runs stayed within the smallest bucket
+    for mine, theirs in zip(engine_module._state_tensors(graph), engine_module._state_tensors(eager)):
+        assert torch.equal(mine, theirs)
