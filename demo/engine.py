@@ -50,6 +50,7 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int = 0
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's eos ids
+    target_only_width: int = 1  # k = 0: rows of each forward, the first real (see target_only_width())
 
     @property
     def sampling(self) -> SamplingParams:
@@ -57,7 +58,19 @@ class GenerationConfig:
 
     def draft_shape(self, k: int) -> DraftShape:
         """What a step drafts with k drafts per step (k = 0: none)."""
-        return DraftShape.of(k, self.tree, sampled=self.draft_sampling == "q" and not self.sampling.greedy)
+        return DraftShape.of(k, self.tree, sampled=self.draft_sampling == "q" and not self.sampling.greedy,
+                             width=self.target_only_width)
+
+
+def target_only_width(shape: DraftShape, dtype: torch.dtype) -> int:
+    """The rows target-only decoding runs at to be the exact reference of a speculative run of
+    `shape`: in fp32 one (every width rounds alike on the machines measured), in bf16 or fp16 the
+    verification's width. A GPU's (and a CPU's) kernels compute a row the same whatever its index
+    and the other rows, but not whatever the row count: a 1-row step and an 8-row verification round
+    differently and flip greedy near-ties (1 prompt in 20 identical on the H200 in bf16). At the same
+    width a chain's every token is computed as target-only computes it. A tree's are not quite: a
+    node attends to its ancestors at scattered slots, so its sums run in another order."""
+    return 1 if dtype == torch.float32 else shape.width
 
 
 @dataclass
@@ -500,7 +513,8 @@ class Engine:
                 generator):
         """Chain acceptance test on the device; stages the next step's inputs and the packed result."""
         k = b.k
-        drafts = b.verify_tokens[0, 1:]  # [k]
+        logits = logits[:, : k + 1]  # [1, k+1, V]: a padded target-only step's padding rows are dropped
+        drafts = b.verify_tokens[0, 1 : k + 1]  # [k]
         probs = target_probs(logits[0], params)  # [k+1, V]
         if params.greedy:
             n, tokens = verify_greedy(drafts, logits[0])
@@ -510,7 +524,7 @@ class Engine:
         draft_p = probs[:k].gather(1, drafts.view(-1, 1)).view(-1)  # [k] p of each draft at its position
         # the drafter next pairs these tokens with this verification's features, at its positions
         b.catch_tokens[0].copy_(tokens)
-        b.catch_positions.copy_(b.verify_positions)
+        b.catch_positions.copy_(b.verify_positions[:, : k + 1])
         b.catch_last.copy_(n.view(1))
         if k:
             b.catch_features.copy_(features)
@@ -710,7 +724,7 @@ class Engine:
             b.tree.root_slot.fill_(P)
         else:
             b.verify_tokens[:, :1].copy_(token.view(1, 1))
-            b.verify_positions.copy_(torch.arange(P, P + k + 1, device=dev).view(1, -1))
+            b.verify_positions.copy_(torch.arange(P, P + b.shape.width, device=dev).view(1, -1))
         if k:  # the first catch-up redoes the prompt's last drafter row: (first token, h[P-1]) at P-1
             b.catch_tokens[0, :1].copy_(token.view(1))
             b.catch_positions.copy_(torch.arange(P - 1, P + k, device=dev).view(1, -1))

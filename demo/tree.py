@@ -73,20 +73,23 @@ def default_tree(device_type: str) -> "TreeShape":
 class DraftShape:
     """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N
     (root excluded), drafts sampled from q or the drafter's top choices, and tree machinery or the
-    plain chain (a chain is the tree K = 1, N = D)."""
+    plain chain (a chain is the tree K = 1, N = D). Target-only (D = 0) may verify `pad` padding
+    rows after its one token: run at a speculative shape's width, it computes every token as that
+    shape's verification does (``target_only_width``)."""
 
     depth: int
     topk: int = 1
     nodes: int = 0
     sampled: bool = False
     tree: bool = False
+    pad: int = 0
 
     @classmethod
-    def of(cls, k: int, tree: TreeShape | None, sampled: bool) -> "DraftShape":
+    def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1) -> "DraftShape":
         """The shape of a request: a chain of k, or a tree of depth k (sampled drafts need the tree
-        machinery, and verify every candidate)."""
+        machinery, and verify every candidate); k = 0: target-only, its forwards `width` rows wide."""
         if k == 0:
-            return cls(0)
+            return cls(0, pad=width - 1)
         if tree is None and not sampled:
             return cls(k, 1, k)
         topk = tree.topk if tree is not None else 1
@@ -101,10 +104,14 @@ class DraftShape:
 
     @property
     def width(self) -> int:
-        """Tokens the target verifies per step: the root and the draft nodes."""
-        return self.nodes + 1
+        """Rows of the target's forward each step: the root, the draft nodes (and any padding)."""
+        return self.nodes + 1 + self.pad
 
     def check(self) -> None:
+        if self.pad and (self.depth or self.pad < 0):
+            raise ValueError(f"only target-only steps are padded, not a shape of depth {self.depth}")
+        if self.width > MAX_DRAFT_TOKENS:
+            raise ValueError(f"a step verifies at most {MAX_DRAFT_TOKENS} tokens, not {self.width}")
         if not self.tree:
             return
         if not 1 <= self.topk <= MAX_TREE_TOPK:
@@ -112,8 +119,6 @@ class DraftShape:
         if not self.depth <= self.nodes <= self.candidates:
             raise ValueError(f"a tree of depth {self.depth} and top-k {self.topk} verifies {self.depth + 1} to "
                              f"{self.candidates + 1} tokens (root included), not {self.nodes + 1}")
-        if self.width > MAX_DRAFT_TOKENS:
-            raise ValueError(f"a tree verifies at most {MAX_DRAFT_TOKENS} tokens per step, not {self.width}")
         if (self.depth - 1) * self.topk > TREE_SCRATCH:
             raise ValueError(f"depth {self.depth} x top-k {self.topk} needs more than {TREE_SCRATCH} drafter slots")
 

@@ -254,7 +254,8 @@ def test_json_holds_per_prompt_records_and_totals(models, tmp_path, capsys):
     # totals are the per-prompt stats merged
     assert totals["summary"]["num_generated"] == sum(r["generated_tokens"] for r in records)
     assert totals["summary"]["num_drafts"] == sum(r["stats"]["num_drafts"] for r in records)
-    assert totals["lossless"] == {"identical": 2, "total": 2, "first_divergence": None}
+    assert totals["lossless"] == {"identical": 2, "total": 2, "first_divergence": None,
+                                  "target_only_width": 1}  # fp32: the reference runs 1 row wide
     config = totals["config"]
     assert {k: config[k] for k in ("method", "k", "mode", "compile", "device", "dtype", "gpu")} == dict(
         method="eagle", k=3, mode="eager", compile=False, device="cpu", dtype="float32", gpu=None)

@@ -188,3 +188,16 @@ def test_drafter_swaps_in_graph_mode_recapture_and_stay_lossless():
         assert _tokens(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, stop_token_ids=()) == ref
         engine.set_drafter(drafter)  # drops the old graphs; the next request captures anew
     assert _tokens(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, stop_token_ids=()) == ref
+
+
+@pytest.mark.parametrize("mode", ["eager", "cudagraph"])
+def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_gpu(mode):
+    # demo.engine.target_only_width: on the H200 a 1-row bf16 reference gave a chain of 7's tokens
+    # on 1 prompt in 20; run 8 rows wide it computes every token as the verification does
+    target = Target(tiny_hf("llama").to("cuda", torch.bfloat16))
+    engine = Engine(target, tiny_drafter("eagle3", target, draft_vocab_size=128), mode=mode, max_context=256)
+    for seed in range(8):
+        prompt = torch.randint(3, 200, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+        spec = _tokens(engine, prompt, max_new_tokens=64, num_spec_tokens=7, stop_token_ids=())
+        ref = _tokens(engine, prompt, max_new_tokens=64, num_spec_tokens=0, target_only_width=8, stop_token_ids=())
+        assert spec == ref, seed
