@@ -95,7 +95,8 @@ class Eagle3Drafter(DrafterBase):
         """One draft pass; no blocking CPU operation (captured as a CUDA graph as it stands).
 
         tokens, positions: [B, q]; hidden: [B, q, H]; slots: [B, q] or None; mask: [B, 1, q, S] or None;
-        attend: attend over the first `attend` cache slots (None: all) -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
+        attend: attend over the first `attend` cache slots (None: all)
+        -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
         """
         cfg, layer = self.cfg, self.midlayer
         normed = layer.hidden_norm(hidden)

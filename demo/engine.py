@@ -126,10 +126,20 @@ class StepBuffers:
     lanes: dict = field(default_factory=dict)  # graph mode: attend bucket -> its two alternating steps [Lane]
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
+    capture: "CaptureState | None" = None  # graph mode: what later captures of more buckets reuse
 
     @property
     def k(self) -> int:
         return self.shape.depth
+
+
+@dataclass
+class CaptureState:
+    """What a shape's first capture sets up and its later ones (more attend buckets) reuse."""
+
+    pool: object  # the shape's CUDA graph memory pool
+    accept: Callable  # the (compiled) greedy acceptance test
+    initial: list  # the state prepare() made (_state_tensors), which every capture starts from
 
 
 @dataclass
@@ -296,12 +306,23 @@ class Engine:
         return {"method": self.method, "mode": mode_label(self.mode, self.compile),
                 "device": str(self.device), "dtype": dtype_label(self.target.dtype), "max_context": self.max_context}
 
-    def prepare(self, shape: DraftShape | int) -> StepBuffers:
+    def prepare(self, shape: DraftShape | int, used: int | None = None) -> StepBuffers:
         """Allocate the persistent buffers for a draft shape (an int k: a chain of k) and, in
-        cudagraph mode, capture every step function now (never lazily in the middle of a generation)."""
+        cudagraph mode, capture its steps now, never in the middle of a generation: over every
+        attend bucket up to the one `used` slots need (a generation's reach), None: all of them."""
         shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
-        if shape in self._buffers:
-            return self._buffers[shape]
+        b = self._buffers.get(shape) or self._allocate(shape)
+        if self.mode == "cudagraph":
+            reach = self.max_context if used is None else self._attended(used)
+            missing = [a for a in self.attend_buckets() if a <= reach and a not in b.lanes]
+            if missing:
+                start = time.perf_counter()
+                self._capture(b, missing)
+                self.capture_s += time.perf_counter() - start
+        return b
+
+    def _allocate(self, shape: DraftShape) -> StepBuffers:
+        """The persistent buffers of a draft shape, in the state every step function starts from."""
         shape.check()
         dev, t, k = self.device, self.target, shape.depth
         hd = self.drafter.cfg.hidden_size if k else 1
@@ -338,10 +359,6 @@ class Engine:
                 temperature=torch.ones(1, device=dev),
                 draft_to_target=self.drafter.to_target(torch.arange(vd, device=dev)))
         self._buffers[shape] = b
-        if self.mode == "cudagraph":
-            start = time.perf_counter()
-            self._capture(b)
-            self.capture_s += time.perf_counter() - start
         return b
 
     def prefill_bucket(self, n: int) -> int:
@@ -356,30 +373,32 @@ class Engine:
             b *= 2
         return sizes + [self.max_context]
 
-    def _capture(self, b: StepBuffers) -> None:
-        """Capture one graph per decoding step (propose, verify and, at T = 0, the acceptance test;
-        "step_sampled" leaves the acceptance test to run eagerly on the request's generator) and one
-        prefill graph per prompt bucket. Two timing events recorded inside the step graph split its
-        time into propose and verify."""
-        # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
-        # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
-        # allocator's assert, as the batched generator found on the H200
-        pool = torch.cuda.graph_pool_handle()
-        self.target.stack_weights()  # compiled code reads the stacks made before it (demo.layers.stacked)
-        if self.drafter is not None:
-            self.drafter.stack_weights()
-        accept_fn = self._acceptance(b)
-        accept = self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None),
-                                     "accept")
-        # a capture runs its step three times, and each run moves the positions on: every capture
-        # starts from the state prepare() made, or a small bucket's warm-ups would write past its slots
-        fresh = [t.clone() for t in _state_tensors(b)]
+    def _capture(self, b: StepBuffers, buckets: list[int]) -> None:
+        """Capture one graph per decoding step and attend bucket (propose, verify and, at T = 0, the
+        acceptance test; "step_sampled" leaves the acceptance test to run eagerly on the request's
+        generator) and, the first time, one prefill graph per prompt bucket. Two timing events
+        recorded inside the step graph split its time into propose and verify."""
+        first = b.capture is None
+        if first:
+            # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
+            # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
+            # allocator's assert, as the batched generator found on the H200
+            self.target.stack_weights()  # compiled code reads the stacks made before it (demo.layers.stacked)
+            if self.drafter is not None:
+                self.drafter.stack_weights()
+            accept_fn = self._acceptance(b)
+            # a capture runs its step three times, and each run moves the positions on: every capture
+            # starts from the state prepare() made, or a small bucket's warm-ups would write past its slots
+            b.capture = CaptureState(torch.cuda.graph_pool_handle(), self._maybe_compile(
+                lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None), "accept"),
+                [t.clone() for t in _state_tensors(b)])
+        pool, accept, initial = b.capture.pool, b.capture.accept, b.capture.initial
 
         def captured(fn) -> CapturedStep:
-            for t, f in zip(_state_tensors(b), fresh):
+            for t, f in zip(_state_tensors(b), initial):
                 t.copy_(f)
             return CapturedStep(fn, pool)
-        for attend in self.attend_buckets():  # the step over each bucket of attended slots
+        for attend in buckets:  # the step over each bucket of attended slots
             propose = self._maybe_compile(lambda a=attend: self._propose(b, a), "propose") if b.k else None
             verify = self._maybe_compile(lambda a=attend: self._verify_forward(b, a), "verify")
 
@@ -405,9 +424,11 @@ class Engine:
                                             torch.empty(b.result.shape, dtype=b.result.dtype,
                                                         pin_memory=b.result.is_cuda)))
                 b.graphs.update({name + bucket + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
-        for size in self.prefill_buckets():
-            b.graphs[f"prefill{size}"] = captured(lambda size=size: self._prefill_forward(b, size, self._attended(size)))
-        for t, f in zip(_state_tensors(b), fresh):
+        if first:
+            for size in self.prefill_buckets():
+                b.graphs[f"prefill{size}"] = captured(
+                    lambda size=size: self._prefill_forward(b, size, self._attended(size)))
+        for t, f in zip(_state_tensors(b), initial):
             t.copy_(f)
 
     def _maybe_compile(self, fn, name: str):
@@ -596,7 +617,7 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + "
                              f"{shape.width} verified per step = {need} exceeds the context of {self.max_context} tokens")
         params = gen.sampling
-        b = self.prepare(shape)
+        b = self.prepare(shape, need + k)  # the most slots a step attends over (see the loop's bound)
         if b.tree is not None:
             b.tree.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)

@@ -137,10 +137,38 @@ def test_every_capture_starts_from_the_state_prepare_made(graph_mode, monkeypatc
     shape = GenerationConfig(num_spec_tokens=3, tree=tree).draft_shape(3)
     seen = []
     verify = Engine._verify_forward
-    monkeypatch.setattr(Engine, "_verify_forward",
-                        lambda self, b, attend=None: seen.append(int(b.verify_positions.max())) or verify(self, b, attend))
+    def recorded(self, b, attend=None):
+        seen.append(int(b.verify_positions.max()))
+        return verify(self, b, attend)
+    monkeypatch.setattr(Engine, "_verify_forward", recorded)
     eager = Engine(target, drafter, max_context=128).prepare(shape)
     graph = graph_mode(target, drafter, max_context=128).prepare(shape)
     assert max(seen) < 16  # each capture's three runs stayed within the smallest bucket
     for mine, theirs in zip(engine_module._state_tensors(graph), engine_module._state_tensors(eager)):
         assert torch.equal(mine, theirs)
+
+
+def test_a_generation_captures_the_attend_buckets_it_can_reach_before_it_starts(graph_mode, monkeypatch):
+    # a short reply captures the small buckets only (capturing, with --compile all, compiles each);
+    # a longer one captures the rest before its prefill, never in the middle of its steps
+    monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 16)
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    engine = graph_mode(target, drafter, max_context=128)
+    short = GenerationConfig(max_new_tokens=4, num_spec_tokens=3, stop_token_ids=())  # 7 + 4 + 4 (+ 3) slots
+    assert _run(engine, short)[0] == _run(Engine(target, drafter, max_context=128), short)[0]
+    buffers = engine.prepare(short.draft_shape(3), used=1)
+    assert sorted(buffers.lanes) == [16, 32]
+    captured = engine.capture_s
+    calls = []
+    steps = Engine._propose
+    def recorded(self, b, attend=None):
+        if self is engine:
+            calls.append(sorted(b.lanes))
+        return steps(self, b, attend)
+    monkeypatch.setattr(Engine, "_propose", recorded)
+    long = GenerationConfig(max_new_tokens=100, num_spec_tokens=3, stop_token_ids=())
+    eager = _run(Engine(target, drafter, max_context=128), long)[0]
+    assert _run(engine, long)[0] == eager
+    assert sorted(buffers.lanes) == [16, 32, 64, 128] and engine.capture_s > captured
+    assert all(seen == [16, 32, 64, 128] for seen in calls[-10:])  # the steps ran with every bucket captured

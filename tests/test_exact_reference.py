@@ -46,7 +46,8 @@ def test_a_padded_target_only_step_emits_one_token_from_its_first_row_and_stays_
     events = _run(engine, prompt, 0, width=8, max_new_tokens=40)
     assert _tokens(events) == ref
     assert all(len(e.token_ids) == 1 and e.num_accepted == 0 and e.draft_ids == [] for e in events)
-    assert engine.prepare(GenerationConfig(num_spec_tokens=0, target_only_width=8).draft_shape(0)).verify_tokens.shape == (1, 8)
+    padded = GenerationConfig(num_spec_tokens=0, target_only_width=8).draft_shape(0)
+    assert engine.prepare(padded).verify_tokens.shape == (1, 8)
 
 
 def test_fp32_needs_no_padding_and_only_target_only_is_padded():
