@@ -108,7 +108,9 @@ class DraftShape:
         return self.nodes + 1 + self.pad
 
     def check(self) -> None:
-        if self.pad and (self.depth or self.pad < 0):
+        if self.pad < 0:
+            raise ValueError(f"a target-only step runs at least 1 row wide, not {self.pad + 1}")
+        if self.pad and self.depth:
             raise ValueError(f"only target-only steps are padded, not a shape of depth {self.depth}")
         if self.width > MAX_DRAFT_TOKENS:
             raise ValueError(f"a step verifies at most {MAX_DRAFT_TOKENS} tokens, not {self.width}")

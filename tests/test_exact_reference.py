@@ -57,3 +57,5 @@ def test_fp32_needs_no_padding_and_only_target_only_is_padded():
     assert DraftShape.of(0, None, False, width=8).width == 8
     with pytest.raises(ValueError, match="only target-only steps are padded"):
         DraftShape(3, 1, 3, pad=2).check()
+    with pytest.raises(ValueError, match="at least 1 row wide"):
+        GenerationConfig(num_spec_tokens=0, target_only_width=0).draft_shape(0).check()
