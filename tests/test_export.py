@@ -53,7 +53,8 @@ def test_trace_json_roundtrips_and_holds_every_step_with_its_drafts_and_tokens(s
         assert s["draft_ms"] >= 0 and s["verify_ms"] > 0 and all(0 <= t["p"] <= 1 for t in s["emitted"])
     assert record["settings"] == {"method": "eagle", "mode": "eager", "compare": False, "max_new_tokens": 9,
                                   "num_spec_tokens": 3, "tree": None, "draft_sampling": "pointmass",
-                                  "temperature": 0.0, "top_p": 1.0, "seed": 7, "stop_token_ids": None}
+                                  "temperature": 0.0, "top_p": 1.0, "seed": 7, "stop_token_ids": None,
+                                  "target_only_width": 1}
     assert record["environment"] == ENV and record["messages"] == [{"role": "user", "content": "Say a"}]
     assert record["totals"]["mean_acceptance_length"] == 4.0 and record["finish_reason"] == "length"
 
