@@ -394,9 +394,12 @@ class Engine:
                 [t.clone() for t in _state_tensors(b)])
         pool, accept, initial = b.capture.pool, b.capture.accept, b.capture.initial
 
-        def captured(fn) -> CapturedStep:
+        def restore():
             for t, f in zip(_state_tensors(b), initial):
                 t.copy_(f)
+
+        def captured(fn) -> CapturedStep:
+            restore()
             return CapturedStep(fn, pool)
         for attend in buckets:  # the step over each bucket of attended slots
             propose = self._maybe_compile(lambda a=attend: self._propose(b, a), "propose") if b.k else None
@@ -428,8 +431,7 @@ class Engine:
             for size in self.prefill_buckets():
                 b.graphs[f"prefill{size}"] = captured(
                     lambda size=size: self._prefill_forward(b, size, self._attended(size)))
-        for t, f in zip(_state_tensors(b), initial):
-            t.copy_(f)
+        restore()
 
     def _maybe_compile(self, fn, name: str):
         """compile "drafter": the propose phase only; "all": every phase of a step."""

@@ -60,8 +60,7 @@ class StepProfile:
 def phase_functions(engine, b, params, generator=None) -> dict:
     """The step's phases over the buffers ``b`` (demo.engine.StepBuffers), in step order."""
     fns = {}
-    last = int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
-    attend = engine._attended(last + 1)  # the cache slots the engine attends over (its bucket, on a GPU)
+    attend = engine._attended(_last_slot(b) + 1)  # the cache slots the engine attends over (its bucket, on a GPU)
     if b.k:
         fns["project"] = lambda: b.catch_hidden.copy_(engine.drafter.project(b.catch_features))
         fns["catch_up"] = lambda: engine._catch_up(b, attend)
@@ -75,6 +74,11 @@ def phase_functions(engine, b, params, generator=None) -> dict:
     accept = engine._acceptance(b)
     fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
     return fns
+
+
+def _last_slot(b) -> int:
+    """The last cache slot the staged verification writes (one host read: profiling only)."""
+    return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
 
 
 def _count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float]]]:
@@ -128,8 +132,7 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
         phases.append(PhaseProfile(name, kernels, ms, top))
     out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
-        last = int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
-        out.attend = engine._attended(last + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
+        out.attend = engine._attended(_last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
         out.context = engine.max_context
         out.step_graph_ms = _replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
         if out.attend != out.context:
