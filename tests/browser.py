@@ -99,9 +99,18 @@ def close_browser(driver) -> None:
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.25):
+    """Poll `predicate` until it is truthy or `timeout` passes. While a long reply streams on a busy
+    2-core machine, the page can hold a WebDriver call past its own time limit, or redraw an element
+    between finding and reading it (CI: a "script timeout" opening the tree tab mid-reply, 1 run in 5):
+    such a poll counts as not yet, and the deadline still bounds the wait."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except (StaleElementReferenceException, TimeoutException):
+            value = None
         if value:
             return value
         time.sleep(poll)
