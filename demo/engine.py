@@ -314,7 +314,10 @@ class Engine:
         b = self._buffers.get(shape) or self._allocate(shape)
         if self.mode == "cudagraph":
             reach = self.max_context if used is None else self._attended(used)
-            missing = [a for a in self.attend_buckets() if a <= reach and a not in b.lanes]
+            # a step attends over at least one prompt token, the token before it and its own rows:
+            # a smaller bucket is never chosen, and its capture would write past its cache views
+            least = shape.width + 2
+            missing = [a for a in self.attend_buckets() if least <= a <= reach and a not in b.lanes]
             if missing:
                 start = time.perf_counter()
                 self._capture(b, missing)

@@ -171,3 +171,20 @@ def test_a_generation_captures_the_attend_buckets_it_can_reach_before_it_starts(
     assert _run(engine, long)[0] == eager
     assert sorted(buffers.lanes) == [16, 32, 64, 128]
     assert order[0] == "_capture" and order.index("_prefill") == order.count("_capture")  # all before the prefill
+
+
+def test_no_bucket_narrower_than_a_step_is_captured_and_a_wide_tree_gives_eagers_tokens(graph_mode, monkeypatch):
+    # sampled drafts verify every candidate: depth 3, top-3 is 21 nodes, 22 rows a step, wider than
+    # the smallest bucket (16); its capture would write slots 16..21 past that bucket's cache views
+    # (a device-side assert on the H200), and no step can ever attend over fewer than 24 slots
+    monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 16)
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    gen = GenerationConfig(max_new_tokens=40, num_spec_tokens=3, tree=TreeShape(3, 0), temperature=0.9, seed=3,
+                           draft_sampling="q", stop_token_ids=())
+    shape = gen.draft_shape(3)
+    assert shape.width == 22
+    eager, _ = _run(Engine(target, drafter, max_context=128), gen)
+    engine = graph_mode(target, drafter, max_context=128)
+    assert _run(engine, gen)[0] == eager
+    assert sorted(engine.prepare(shape).lanes) == [32, 64, 128]
