@@ -35,6 +35,7 @@ from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES,
 from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
+from demo.topk import row_topk
 from demo.tree import (TREE_SCRATCH, DraftShape, DraftTree, TreeShape, compact_path, draft_tree,
                        tree_attention_mask)
 from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q
@@ -558,16 +559,16 @@ class Engine:
         b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
         b.verify_positions.add_(n + 1)
         chain = torch.arange(k, device=drafts.device)  # [k] node i+1's parent is node i
-        top = probs.topk(TOP_SHOWN, dim=-1)  # [k+1, TOP_SHOWN] at each emitted position
+        top_values, top_ids = row_topk(probs, TOP_SHOWN)  # [k+1, TOP_SHOWN] at each emitted position
         if k:  # the drafter's candidates at every draft position, in one softmax and one top-k
             q = torch.softmax(b.chain_logits.float(), dim=-1)  # [k, Vd]
             draft_q = q.gather(1, b.chain_logits.argmax(-1, keepdim=True)).view(-1)  # [k] q of each draft
-            q_top = q.topk(TOP_SHOWN, dim=-1)
-            q_ids, q_values = self.drafter.to_target(q_top.indices), q_top.values  # [k, TOP_SHOWN]
+            q_values, q_top = row_topk(q, TOP_SHOWN)
+            q_ids = self.drafter.to_target(q_top)  # [k, TOP_SHOWN]
         else:  # target only: no drafts
             draft_q, q_ids, q_values = draft_p, tokens.new_zeros(0, TOP_SHOWN), draft_p.new_zeros(0, TOP_SHOWN)
         b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, draft_q, draft_p,
-                                   top.indices, top.values, q_ids, q_values))
+                                   top_ids, top_values, q_ids, q_values))
 
     def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
                      generator):
@@ -595,10 +596,10 @@ class Engine:
         tb.root_slot.add_(n + 1)
         nodes = tokens[1:]  # [N]
         node_p = probs[tb.parents[1:], nodes]  # [N] p of each node's token at its parent
-        top = probs[rows].topk(TOP_SHOWN, dim=-1)  # [D+1, TOP_SHOWN] at each emitted position
+        top_values, top_ids = row_topk(probs[rows], TOP_SHOWN)  # [D+1, TOP_SHOWN] at each emitted position
         none = torch.full((D, TOP_SHOWN), -1.0, device=self.device)  # a tree's candidates are its siblings
         b.result.copy_(pack_result(n, out, token_probs, path, nodes, tb.parents[1:], tb.draft_logq[1:].exp(), node_p,
-                                   top.indices, top.values, none, none))
+                                   top_ids, top_values, none, none))
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()

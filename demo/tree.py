@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from demo.topk import row_topk
+
 # Drafter cache slots reserved past the context for frontier nodes ((depth - 1) * topk of them).
 TREE_SCRATCH = 512
 MAX_TREE_TOPK = 32
@@ -177,8 +179,8 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         """logits [F, Vd] -> (ids [F, K] draft ids, log q [F, K]): top-k, or k i.i.d. draws from q."""
         if not shape.sampled:
             logq = F.log_softmax(logits.float(), dim=-1)  # [F, Vd]
-            top = logq.topk(K, dim=-1)
-            return top.indices, top.values
+            values, ids = row_topk(logq, K)
+            return ids, values
         q = torch.softmax(logits.float() / temperature, dim=-1)  # [F, Vd]
         q_rows.append(q)
         cdf = q.cumsum(-1)  # [F, Vd]
