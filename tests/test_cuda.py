@@ -201,3 +201,50 @@ def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_g
         spec = _tokens(engine, prompt, max_new_tokens=64, num_spec_tokens=7, stop_token_ids=())
         ref = _tokens(engine, prompt, max_new_tokens=64, num_spec_tokens=0, target_only_width=8, stop_token_ids=())
         assert spec == ref, seed
+
+
+def test_row_topk_is_torch_topk_on_a_gpu_eager_compiled_and_captured():
+    from demo.engine import compile_step
+    from demo.topk import row_topk
+    x = torch.randn(65, 49152 + 77, device="cuda")
+    x[3] = 1.0  # all equal: the lowest columns first
+    rows = [r for r in range(65) if r != 3]
+    for dtype in (torch.float32, torch.bfloat16):
+        for k in (1, 5, 8, 20):
+            y = x.to(dtype)
+            values, indices = row_topk(y, k)
+            expected = y.topk(k, dim=-1)
+            assert values.dtype == dtype and torch.equal(values, expected.values)
+            assert torch.equal(y.gather(1, indices), values)
+            assert all(len(set(row)) == k for row in indices.tolist())
+            tied = values[:, 1:] == values[:, :-1]  # equal entries: lowest column first
+            assert bool((indices[:, 1:] > indices[:, :-1])[tied].all())
+            if dtype == torch.float32:  # no ties in a random row: torch.topk's columns too
+                assert torch.equal(indices[rows], expected.indices[rows])
+            assert indices[3].tolist() == list(range(k))
+    out = torch.zeros(65, 8, dtype=torch.int64, device="cuda")
+    step = compile_step(lambda: out.copy_(row_topk(x, 8)[1]))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(out, x.topk(8, dim=-1).indices)
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
+def test_a_vocabulary_wider_than_a_topk_slice_keeps_graph_mode_and_compile_lossless(tree):
+    # 5,000 tokens: the tree's children and every step's top candidates take demo.topk's Triton passes
+    hf = tiny_hf("llama", vocab_size=5000).to("cuda")
+    target = Target(hf)
+    ref = _tokens(Engine(target, None, max_context=128), PROMPT, max_new_tokens=32, stop_token_ids=())
+    drafter = _drafter("oracle", target, PROMPT + ref)
+    for mode, scope in (("eager", False), ("cudagraph", False), ("cudagraph", "all")):
+        engine = Engine(target, drafter, mode=mode, compile=scope, max_context=128)
+        assert _tokens(engine, PROMPT, max_new_tokens=32, num_spec_tokens=3, tree=tree, stop_token_ids=()) == ref

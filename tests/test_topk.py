@@ -1,29 +1,54 @@
-"""demo.topk: torch.topk's answer in fewer launches (exact, whatever the row width). A GPU takes the
-slices; the test runs them on the CPU."""
+"""demo.topk: each row's k largest entries in two Triton passes. The kernel runs here under
+Triton's interpreter (numpy on the CPU, in a process started with TRITON_INTERPRET=1: Triton
+reads it when it is imported); tests/test_cuda.py runs it compiled and captured on a GPU."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from demo.topk import CHUNK, chunked_topk, row_topk
+from demo.topk import BLOCK, row_topk
+
+pytest.importorskip("triton")
+WIDTHS = (BLOCK + 1, 3 * BLOCK, 49152 + 77)
 
 
-@pytest.mark.parametrize("width", [7, 2 * CHUNK, 2 * CHUNK + 1, 48 * CHUNK, 49152 + 77])
-@pytest.mark.parametrize("k", [1, 8, 20])
-@pytest.mark.parametrize("topk", [row_topk, chunked_topk])
-def test_row_topk_gives_each_rows_k_largest_entries_largest_first(topk, width, k):
-    if k > width or (topk is chunked_topk and width <= 2 * CHUNK):
-        pytest.skip("fewer entries than k, or a row too narrow to slice")
+def check_two_passes(width: int, k: int) -> None:
+    """The two passes give torch.topk's values, at distinct columns that hold them; equal entries
+    lowest column first. Runs the kernel as `demo.topk._slice_topk` is (interpreted here)."""
+    from demo import topk as topk_module
+
     g = torch.Generator().manual_seed(width * 31 + k)
     x = torch.randn(5, width, generator=g)
-    x[1, -3:] = 50.0 + torch.arange(3.0)  # the row's largest sit in its last, padded slice
+    x[1, -3:] = 50.0 + torch.arange(3.0)  # the row's largest sit in its last, partial slice
     x[2, :] = float("-inf")
-    x[2, 100 % width] = 0.0  # one finite entry: the rest are -inf, as padding is
-    values, indices = topk(x, k)
+    x[2, [5, width - 1]] = 0.0  # two finite entries, the rest -inf
+    x[3, :] = 1.0  # all equal: the lowest columns first
+    values, indices = topk_module.two_pass_topk(x, k, topk_module._slice_topk)
     expected = x.topk(k, dim=-1)
-    assert values.shape == indices.shape == (5, k)
+    assert values.shape == indices.shape == (5, k) and indices.dtype == torch.int64
     assert torch.equal(values, expected.values)
-    assert torch.equal(x.gather(1, indices), values)  # indices point at their values
+    assert torch.equal(x.gather(1, indices), values)  # each index points at its value
+    assert all(len(set(row)) == k for row in indices.tolist())  # k distinct columns a row
     assert bool((indices < width).all())
-    distinct = [0, 1, 3, 4]  # random rows: no ties, so the indices are torch.topk's too
-    assert torch.equal(indices[distinct], expected.indices[distinct])
-    assert len(set(indices[0].tolist())) == k
+    assert torch.equal(indices[[0, 1, 4]], expected.indices[[0, 1, 4]])  # random rows: no ties
+    assert indices[3].tolist() == list(range(k))
+
+
+def test_two_passes_give_each_rows_k_largest_entries_largest_first():
+    cases = [(w, k) for w in WIDTHS for k in (1, 8, 20)]
+    code = ("from tests.test_topk import check_two_passes\n"
+            f"for w, k in {cases!r}:\n    check_two_passes(w, k)\nprint('checked', {len(cases)})")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"checked {len(cases)}" in out.stdout
+
+
+def test_on_a_cpu_row_topk_is_torch_topk():
+    x = torch.randn(3, 3 * BLOCK)
+    values, indices = row_topk(x, 8)
+    expected = x.topk(8, dim=-1)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
