@@ -6,11 +6,11 @@ depth 7 and top-8 spent on its kernels went to its seven calls); over many narro
 single-block select is no faster (285 us). On a GPU, ``row_topk`` runs two Triton launches instead:
 each program takes one BLOCK-wide slice of a row and picks its k largest by k rounds of max (the
 largest entry, the lowest position among equals), then one program per row does the same over the
-slices' picks. Exact: each of a row's k largest entries is among the k largest of its own slice;
-equal entries come out lowest position first (``torch.topk`` leaves their order unspecified).
-The op is a ``torch.library.triton_op``, so torch.compile sees its kernels and CUDA graphs
-capture them. Without Triton, and on a CPU (where a top-k is one loop over the row),
-``torch.topk`` runs as it is.
+slices' picks; a row of at most BLOCK entries takes the second pass alone. Exact: each of a row's
+k largest entries is among the k largest of its own slice; equal entries come out lowest position
+first (``torch.topk`` leaves their order unspecified). The op is a ``torch.library.triton_op``, so
+torch.compile sees its kernels and CUDA graphs capture them. Without Triton, and on a CPU (where a
+top-k is one loop over the row), ``torch.topk`` runs as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ BLOCK = 2048  # the slice one program takes in the first pass
 def row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, V] float -> (values [R, k] of x's dtype, indices [R, k] int64): each row's k largest,
     largest first."""
-    if triton is not None and x.is_cuda and x.shape[1] > BLOCK and k <= 32:
+    if triton is not None and x.is_cuda and k <= min(32, x.shape[1]):
         values, indices = torch.ops.speclens.row_topk(x.contiguous(), k)
         return values.to(x.dtype), indices
     top = x.topk(k, dim=-1)
@@ -40,6 +40,11 @@ def two_pass_topk(x: torch.Tensor, k: int, kernel) -> tuple[torch.Tensor, torch.
     """The two passes, launching `kernel` (``_slice_topk``, jitted or interpreted) as `launch`
     does; x [R, V] contiguous -> (values [R, k] float32, indices [R, k] int64)."""
     R, V = x.shape
+    if V <= BLOCK:  # one slice: one pass
+        values = torch.empty(R, k, dtype=torch.float32, device=x.device)
+        indices = torch.empty(R, k, dtype=torch.int64, device=x.device)
+        launch(kernel, (R, 1), x, values, indices, V, triton.next_power_of_2(V), k)
+        return values, indices
     slices = triton.cdiv(V, BLOCK)
     vals = torch.empty(R, slices * k, dtype=torch.float32, device=x.device)  # [R, S*k] each slice's picks
     pos = torch.empty(R, slices * k, dtype=torch.int64, device=x.device)  # their columns in x

@@ -219,7 +219,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         cand_qrow.append((1 + (d - 1) * K + torch.arange(K, device=dev)).repeat_interleave(K))
         cand_depth.append(torch.full((K * K,), d + 1, dtype=torch.int64, device=dev))
         if d < D - 1:  # the next frontier: the k best children
-            best = scores.topk(K).indices  # [K]
+            best = row_topk(scores.view(1, K * K), K)[1].view(K)  # [K]
             parent = best // K  # [K] which frontier row each came from
             frontier = start + best
             f_ids = ids.view(K * K)[best]

@@ -12,7 +12,7 @@ import torch
 from demo.topk import BLOCK, row_topk
 
 pytest.importorskip("triton")
-WIDTHS = (BLOCK + 1, 3 * BLOCK, 49152 + 77)
+WIDTHS = (64, BLOCK, BLOCK + 1, 3 * BLOCK, 49152 + 77)
 
 
 def check_two_passes(width: int, k: int) -> None:
@@ -38,7 +38,7 @@ def check_two_passes(width: int, k: int) -> None:
 
 
 def test_two_passes_give_each_rows_k_largest_entries_largest_first():
-    cases = [(w, k) for w in WIDTHS for k in (1, 8, 20)]
+    cases = [(w, k) for w in WIDTHS for k in (1, 8, 20)]  # 64 and BLOCK wide: one pass
     code = ("from tests.test_topk import check_two_passes\n"
             f"for w, k in {cases!r}:\n    check_two_passes(w, k)\nprint('checked', {len(cases)})")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
