@@ -15,11 +15,14 @@ Without ``table``: one step taken apart.
 Runs one short generation (so every buffer holds a real step's state), then calls each phase of a
 step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
 or tree), ``verify`` (the target forward) and ``accept`` (the acceptance test, compaction and the
-packed result). For each it reports the kernels launched (torch.profiler's device events) and the
-time: on a GPU the summed kernel time of an eager call, on a CPU wall time. In cudagraph mode it
-also times the replay of the whole step's graph and of the prompt's prefill graph (CUDA events,
-median of repeats). Phases are run in step order on the state the generation left, so each
-computes a real step's work; ``accept`` moves the engine's state on, so it runs last.
+packed result), compiled where the engine's ``--compile`` scope compiles it (``accept`` eagerly:
+it moves the state on, so it runs once). For each it reports
+the kernels launched (torch.profiler's device events) and the time: on a GPU the summed kernel time
+of one call and, but for ``accept``, the replay of that phase captured alone (CUDA events, median
+of repeats: kernel time plus the gaps between kernels); on a CPU wall time. In cudagraph mode it
+also times the replay of the whole step's graph and of the prompt's prefill graph. Phases are run
+in step order on the state the generation left, so each computes a real step's work; ``accept``
+moves the engine's state on, so it runs last.
 
 The model flags are the bench's (``python -m demo.bench --help``).
 """
@@ -34,6 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from demo.engine import compile_step
+
 PHASES = ("project", "catch_up", "draft", "verify", "accept")
 
 
@@ -43,6 +48,7 @@ class PhaseProfile:
     kernels: int  # device kernels and copies launched (CPU: top-level operators)
     kernel_ms: float  # their summed device time (CPU: wall time of one call)
     top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
+    graph_ms: float | None = None  # the phase captured alone, replayed (GPU; not accept, which moves the state on)
 
 
 @dataclass
@@ -76,6 +82,12 @@ def phase_functions(engine, b, params, generator=None) -> dict:
     return fns
 
 
+def compiled_phase(mode: str, scope, phase: str) -> bool:
+    """Whether the engine runs `phase` compiled: graph mode compiles its captured steps, "all"
+    every phase, "drafter" the propose phase (project, catch_up, draft; demo.engine._maybe_compile)."""
+    return mode == "cudagraph" and (scope == "all" or (scope == "drafter" and phase in ("project", "catch_up", "draft")))
+
+
 def _last_slot(b) -> int:
     """The last cache slot the staged verification writes (one host read: profiling only)."""
     return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
@@ -104,12 +116,28 @@ def _count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float]]]:
     return len(events), (sum(per.values()) if cuda else wall_ms), top
 
 
+def _phase_graph_ms(fn, repeats: int) -> float:
+    """Capture fn alone (after warm-ups on a side stream, as a capture needs) and time its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _replay_ms(graph, repeats)
+
+
 def _replay_ms(graph, repeats: int) -> float:
+    """graph: a torch.cuda.CUDAGraph, or a captured step (its .graph)."""
+    graph = getattr(graph, "graph", graph)
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.graph.replay()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
@@ -127,9 +155,12 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
     phases = []
     for name, fn in phase_functions(engine, b, gen.sampling, generator).items():
         if name != "accept":
-            fn()  # warm: a first eager call may pick kernels or allocate
+            if compiled_phase(engine.mode, engine.compile, name):
+                fn = compile_step(fn)
+            fn()  # warm: a first call may compile, pick kernels or allocate
         kernels, ms, top = _count(fn, cuda)
-        phases.append(PhaseProfile(name, kernels, ms, top))
+        graph_ms = _phase_graph_ms(fn, repeats) if cuda and name != "accept" else None
+        phases.append(PhaseProfile(name, kernels, ms, top, graph_ms))
     out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
         out.attend = engine._attended(_last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
@@ -144,10 +175,11 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
 
 
 def format_profile(profile: StepProfile, title: str) -> str:
-    lines = [title, f"{'phase':<10}{'kernels':>9}{'kernel ms':>11}  costliest kernels (count, ms)"]
+    lines = [title, f"{'phase':<10}{'kernels':>9}{'kernel ms':>11}{'graph ms':>10}  costliest kernels (count, ms)"]
     for p in profile.phases:
         top = "; ".join(f"{n[:48]} ({c}, {ms:.3f})" for n, c, ms in p.top[:3])
-        lines.append(f"{p.name:<10}{p.kernels:>9}{p.kernel_ms:>11.3f}  {top}")
+        graph = f"{p.graph_ms:>10.3f}" if p.graph_ms is not None else f"{'':>10}"
+        lines.append(f"{p.name:<10}{p.kernels:>9}{p.kernel_ms:>11.3f}{graph}  {top}")
     lines.append(f"{'step':<10}{sum(p.kernels for p in profile.phases):>9}"
                  f"{sum(p.kernel_ms for p in profile.phases):>11.3f}")
     if profile.step_graph_ms is not None:

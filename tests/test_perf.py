@@ -76,3 +76,14 @@ def test_the_transformers_row_is_the_generated_tokens_over_the_timed_calls_witho
     assert len(calls) == 3  # a warm-up, then one call a prompt
     assert row.kind == "transformers" and "dynamic" in row.name
     assert row.tokens_per_s == 12 / 4  # 2 x 6 new tokens (the prompts not counted) over 1 + 3 s
+
+
+def test_the_profile_compiles_the_phases_the_engine_compiles():
+    from demo.perf import compiled_phase
+
+    drafter_phases = {"project", "catch_up", "draft"}
+    for phase in PHASES:
+        assert not compiled_phase("eager", "all", phase)  # eager mode compiles nothing
+        assert not compiled_phase("cudagraph", False, phase)
+        assert compiled_phase("cudagraph", "all", phase)
+        assert compiled_phase("cudagraph", "drafter", phase) == (phase in drafter_phases)
