@@ -15,14 +15,13 @@ Without ``table``: one step taken apart.
 Runs one short generation (so every buffer holds a real step's state), then calls each phase of a
 step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
 or tree), ``verify`` (the target forward) and ``accept`` (the acceptance test, compaction and the
-packed result), compiled where the engine's ``--compile`` scope compiles it (``accept`` eagerly:
-it moves the state on, so it runs once). For each it reports
-the kernels launched (torch.profiler's device events) and the time: on a GPU the summed kernel time
-of one call and, but for ``accept``, the replay of that phase captured alone (CUDA events, median
-of repeats: kernel time plus the gaps between kernels); on a CPU wall time. In cudagraph mode it
-also times the replay of the whole step's graph and of the prompt's prefill graph. Phases are run
-in step order on the state the generation left, so each computes a real step's work; ``accept``
-moves the engine's state on, so it runs last.
+packed result), each compiled where the engine's ``--compile`` scope compiles it in graph mode
+(``accept`` runs eagerly: it moves the state on, so it runs once). For each it reports the kernels
+launched (torch.profiler's device events) and the time: on a GPU the summed kernel time of one
+call and, but for ``accept``, the replay of the phase captured alone (CUDA events, median of
+repeats: kernel time plus the gaps between kernels); on a CPU wall time. In cudagraph mode it also
+times the replay of the whole step's graph and of the prompt's prefill graph. Phases run in step
+order on the state the generation left, so each computes a real step's work; ``accept`` runs last.
 
 The model flags are the bench's (``python -m demo.bench --help``).
 """
