@@ -1,7 +1,7 @@
 """Top-k of each row of a vocabulary-wide table, in launches a captured step can afford.
 
 ``torch.topk`` over a row of tens of thousands of entries takes CUDA's multi-block radix select,
-about ten kernels a call (on the H200, about 380 of the 871 us the compiled drafting of a tree of
+about ten kernels a call (on the H200, about 330 of the 871 us the compiled drafting of a tree of
 depth 7 and top-8 spent on its kernels went to its seven calls); over many narrow slices its
 single-block select is no faster (285 us). On a GPU, ``row_topk`` runs two Triton launches instead:
 each program takes one BLOCK-wide slice of a row and picks its k largest by k rounds of max (the
