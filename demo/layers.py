@@ -125,7 +125,8 @@ class StackedLinear:
 
     def _prepacked(self) -> torch.Tensor:
         """The weight in oneDNN's layout (packed for PREPACK_ROWS rows; it serves any count)."""
-        source = (self.weight.data_ptr(), self.weight._version)  # in-place updates bump the version
+        # in-place updates bump the version; a weight made under torch.inference_mode keeps none
+        source = (self.weight.data_ptr(), 0 if self.weight.is_inference() else self.weight._version)
         if self._packed_from != source:
             with torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PREPACK_ROWS)

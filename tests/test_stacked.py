@@ -133,3 +133,15 @@ def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again():
     new = {k: torch.randn_like(v) for k, v in lin.state_dict().items()}
     lin.load_state_dict(new)  # in place: the same storage, a new version
     torch.testing.assert_close(linear(lin, x), x @ new["weight"].T + new["bias"], rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_weights_made_under_inference_mode_are_prepacked_too():
+    # a model built or moved under torch.inference_mode has inference-tensor weights, which keep no
+    # version counter: prepacking must not read one (it raised "Inference tensors do not track
+    # version counter" on the engine's first multi-row step)
+    with torch.inference_mode():
+        lin = nn.Linear(16, 8)
+        x = torch.randn(3, 16)
+        assert lin.weight.is_inference()
+        torch.testing.assert_close(linear(lin, x), x @ lin.weight.T + lin.bias, rtol=1e-5, atol=1e-5)
