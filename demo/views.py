@@ -44,8 +44,12 @@ from demo.trace_download import build_trace_download, register_trace_download
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
-TEXT_INTERVAL_S = 1 / 30  # the text refreshes every step, but at most 30 times a second (GPU steps take ms)
-FIGURE_INTERVAL_S = 0.25  # the charts refresh at most this often while streaming
+# Each refresh sends the whole reply's HTML and redraws the charts, so a long reply streamed faster
+# than a slow browser redraws it queues updates there: on 2 busy cores a page refreshed up to 30
+# times a second (charts 4) fell minutes behind and took no clicks (the browser test's Stop click
+# timed out in 3 of 8 runs, 1 of 2 beside a busy process); at 10 and 2, 3 of 3 beside one passed.
+TEXT_INTERVAL_S = 1 / 10  # the text refreshes every step, but at most 10 times a second (GPU steps take ms)
+FIGURE_INTERVAL_S = 0.5  # the charts refresh at most this often while streaming
 ENGINE = "engine"  # concurrency group of everything that touches the models: one at a time
 PROMPT_HINT = "Ask something, then press Generate or Shift+Enter (Enter starts a new line)"
 DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
