@@ -134,6 +134,22 @@ def usable(driver, selector: str, timeout: float = 60):
     return wait_for(ready, timeout, f"{selector} to be usable")[0]
 
 
+def click(driver, target, timeout: float = 30) -> None:
+    """Click an element, or the first usable match of a selector, retrying while something covers it
+    or it cannot take the click yet: on a busy machine a panel still sliding or a redraw can take a
+    click meant for it (CI: "element click intercepted" opening the settings on a phone, 1 run in 6)."""
+    from selenium.common.exceptions import ElementClickInterceptedException, ElementNotInteractableException
+
+    def attempt():
+        element = usable(driver, target) if isinstance(target, str) else target
+        try:
+            element.click()
+        except (ElementClickInterceptedException, ElementNotInteractableException):
+            return False
+        return True
+    wait_for(attempt, timeout, f"a click on {target if isinstance(target, str) else target.tag_name}")
+
+
 def tree_step(driver) -> int:
     """The step whose tree the tree view shows (0: none yet), from the figure's title. Read in the page
     in one call: while a reply streams plotly redraws the figure, and an element fetched first and read
@@ -150,7 +166,7 @@ def bundled_drafters_exist() -> bool:
 
 def type_and_generate(driver, prompt: str) -> None:
     usable(driver, "#sl-prompt textarea").send_keys(prompt)
-    usable(driver, "#sl-generate").click()
+    click(driver, "#sl-generate")
 
 
 
@@ -164,7 +180,7 @@ def rect(driver, element) -> dict:
 def show_tab(driver, tab: str) -> None:
     """Open a tab of the charts panel ("tree", "acceptance", "time", "race"): Gradio draws a tab's
     contents when it is opened."""
-    usable(driver, f"#sl-tab-{tab}-button").click()
+    click(driver, f"#sl-tab-{tab}-button")
     wait_for(lambda: displayed(driver, f"#sl-tab-{tab}"), 30, f"the {tab} tab")
 
 

@@ -24,7 +24,7 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     budget.clear()
     budget.send_keys(str(MAX_NEW_TOKENS), Keys.TAB)  # long enough that Stop lands mid-reply on a fast machine
     usable(driver, "#sl-shape")
-    next(e for e in css(driver, "#sl-shape label") if e.text == "tree").click()  # its settings: the device's tree
+    click(driver, next(e for e in css(driver, "#sl-shape label") if e.text == "tree"))  # its settings: the device's tree
     usable(driver, "#sl-tree-topk input[type=number]")
     type_and_generate(driver, prompt)
 
@@ -53,7 +53,7 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     assert len(css(driver, "#sl-plot-tree .js-plotly-plot g.trace.scatter path.point")) >= 3  # root and drafts
 
     # Stop ends the generation: the reply stops growing and says so
-    css(driver, "#sl-stop")[0].click()
+    click(driver, "#sl-stop")
     wait_for(lambda: "stopped" in css(driver, "#sl-status")[0].text, 30, "the stopped status")
     time.sleep(2.0)  # a step already running may still land
     count = len(css(driver, "#sl-conversation .sl-assistant .sl-tok"))
@@ -68,7 +68,7 @@ def test_generate_highlights_tokens_draws_charts_and_stop_ends_it(app_url, drive
     assert css(driver, "#sl-tree-step input[type=number]")[0].get_attribute("value") == "1"
     driver.save_screenshot(str(ARTIFACTS / "browser_e2e.png"))
 
-    css(driver, "#sl-clear")[0].click()  # Clear empties the conversation and the panels
+    click(driver, "#sl-clear")  # Clear empties the conversation and the panels
     wait_for(lambda: not css(driver, "#sl-conversation .sl-turn"), 30, "an empty conversation")
     assert "No generation yet" in css(driver, "#sl-stats")[0].text
 
@@ -79,22 +79,22 @@ def test_bad_input_and_a_bad_drafter_path_get_visible_messages(app_url, driver):
     if not _has_cuda():  # the CUDA-graph choice is shown disabled, with the reason
         assert "CUDA graphs need a CUDA GPU" in css(driver, "#sl-mode")[0].text
         assert all(not e.is_enabled() for e in css(driver, "#sl-mode input"))
-    css(driver, "#sl-generate")[0].click()  # empty prompt
+    click(driver, "#sl-generate")  # empty prompt
     wait_for(lambda: "The prompt is empty" in driver.page_source, 30, "the empty-prompt message")
     assert not css(driver, "#sl-conversation .sl-turn")  # nothing was sent
 
     # a tree's settings show while the shape is a tree, and hide for a chain
-    next(e for e in css(driver, "#sl-shape label") if e.text == "tree").click()
+    click(driver, next(e for e in css(driver, "#sl-shape label") if e.text == "tree"))
     wait_for(lambda: displayed(driver, "#sl-tree-topk"), 30, "the tree settings")
-    next(e for e in css(driver, "#sl-shape label") if e.text == "chain").click()
+    click(driver, next(e for e in css(driver, "#sl-shape label") if e.text == "chain"))
     wait_for(lambda: not displayed(driver, "#sl-tree-topk"), 30,
              "the tree settings to hide")
 
-    css(driver, "#sl-custom button")[0].click()  # open "Your own models"
+    click(driver, "#sl-custom button")  # open "Your own models"
     box = wait_for(lambda: [e for e in css(driver, "#sl-eagle-spec textarea, #sl-eagle-spec input") if e.is_displayed()],
                    30, "the EAGLE drafter field")[0]
     box.send_keys("/nonexistent/eagle-drafter")
-    css(driver, "#sl-load")[0].click()
+    click(driver, "#sl-load")
     wait_for(lambda: "Could not load" in driver.page_source, 60, "the load error")
     assert "EAGLE" in css(driver, "#sl-method")[0].text  # the loaded drafters are still offered
 
@@ -112,7 +112,7 @@ def test_prompt_hint_says_what_enter_and_shift_enter_do(app_url, driver):
     box.send_keys(Keys.SHIFT, Keys.ENTER)  # Shift+Enter: sends, as the hint says
     wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the turn Shift+Enter sent")
     assert "Shift+Enter" in hint
-    css(driver, "#sl-stop")[0].click()
+    click(driver, "#sl-stop")
 
 
 def test_compare_is_off_for_target_only(app_url, driver):
@@ -120,7 +120,7 @@ def test_compare_is_off_for_target_only(app_url, driver):
     box = wait_for(lambda: css(driver, "#sl-compare input"), 60, "the compare checkbox")[0]
     assert box.is_enabled()
     usable(driver, "#sl-method label")
-    next(e for e in css(driver, "#sl-method label") if e.text.lower().startswith("target only")).click()
+    click(driver, next(e for e in css(driver, "#sl-method label") if e.text.lower().startswith("target only")))
     wait_for(lambda: not css(driver, "#sl-compare input")[0].is_enabled(), 30, "the compare checkbox to turn off")
     assert "not for target only" in css(driver, "#sl-compare")[0].text
 
@@ -149,7 +149,7 @@ def error_badges(driver) -> list[str]:
 
 def test_an_input_error_shows_as_a_toast_only_with_no_badges_over_the_page(app_url, driver):
     driver.get(app_url)
-    usable(driver, "#sl-generate").click()  # empty prompt
+    click(driver, "#sl-generate")  # empty prompt
     wait_for(lambda: any("The prompt is empty" in e.text for e in css(driver, ".toast-body")), 30, "the toast")
     time.sleep(1.0)
     assert error_badges(driver) == []
@@ -195,8 +195,8 @@ def take_readme_screenshot(out: Path) -> None:
     with app_in_browser() as (d, url):
         d.set_window_size(1600, 1200)
         d.get(url)
-        wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0].click()
-        next(e for e in css(d, "#sl-shape label") if e.text == "tree").click()  # the device's tree
+        click(d, wait_for(lambda: css(d, "#sl-compare input"), 60, "the settings")[0])
+        click(d, next(e for e in css(d, "#sl-shape label") if e.text == "tree"))  # the device's tree
         type_and_generate(d, "Write a short story about a cat who finds a hat.")  # a long answer: more to highlight
         wait_for(lambda: "sl-status-done" in css(d, "#sl-status")[0].get_attribute("innerHTML"), 600, "the end")
         time.sleep(2.0)

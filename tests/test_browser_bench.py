@@ -9,7 +9,7 @@ import csv
 import json
 
 from tests import browser
-from tests.browser import css, type_and_generate, usable, wait_for
+from tests.browser import click, css, type_and_generate, usable, wait_for
 
 pytestmark = browser.pytestmark  # skipped without chromium, as every browser test
 
@@ -34,18 +34,18 @@ def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_
 
     allow_downloads(driver, tmp_path)
     driver.get(app_url)
-    wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0].click()
+    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
     usable(driver, "#sl-bench-run")
     for label in css(driver, "#sl-bench-methods label"):  # target only and EAGLE-3
         if label.find_element("css selector", "input").is_selected() != (label.text in ("target only", "EAGLE-3")):
-            label.click()
+            click(driver, label)
     for label in css(driver, "#sl-bench-ks label"):  # k = 2 only
         if label.find_element("css selector", "input").is_selected() != (label.text.strip() == "2"):
-            label.click()
+            click(driver, label)
     set_number(driver, "#sl-bench-num-prompts", 2)
     set_number(driver, "#sl-bench-max-new", 8)
     wait_for(lambda: "2 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
-    usable(driver, "#sl-bench-run").click()
+    click(driver, "#sl-bench-run")
 
     wait_for(lambda: "done:" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark to finish")
     summary = css(driver, "#sl-bench-summary")[0].text
@@ -59,7 +59,7 @@ def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_
     assert "Download plot as a PNG" in [b.get_attribute("data-title") for b in
                                         css(driver, "#sl-bench-chart .modebar-btn")]
 
-    usable(driver, "#sl-bench-csv").click()
+    click(driver, "#sl-bench-csv")
     with open(downloaded(tmp_path, ".csv"), encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [(r["method"], r["k"], r["category"]) for r in rows[:2]] == [("none", "0", "all"), ("eagle3", "2", "all")]
@@ -74,7 +74,7 @@ def test_a_finished_reply_downloads_as_a_trace_of_its_steps(app_url, driver, tmp
     set_number(driver, "#sl-max-new", 8)
     type_and_generate(driver, "Say hello.")
     wait_for(lambda: "sl-status-done" in css(driver, "#sl-status")[0].get_attribute("innerHTML"), 120, "the reply")
-    usable(driver, "#sl-trace-download").click()
+    click(driver, "#sl-trace-download")
     trace = json.loads(downloaded(tmp_path, ".json").read_text(encoding="utf-8"))
     reply = driver.execute_script(  # the reply as emitted: without the struck rejected drafts
         "const r = arguments[0].cloneNode(true); r.querySelectorAll('.sl-rejected').forEach(e => e.remove());"

@@ -9,7 +9,7 @@ Each test runs one short greedy generation of the embedded default (a chain of 3
 import time
 from pathlib import Path
 
-from tests.browser import (app_in_browser, bundled_drafters_exist, css, screenshot_path, tree_step, usable,
+from tests.browser import (app_in_browser, bundled_drafters_exist, click, css, screenshot_path, tree_step, usable,
                            wait_for)
 from tests import browser
 
@@ -68,11 +68,11 @@ def test_the_headline_and_rejected_drafts_show_and_the_toggle_hides_them(app_url
     reply = lambda: css(driver, "#sl-conversation .sl-assistant .sl-reply")[0].text  # noqa: E731
     with_drafts = reply()
     toggle = usable(driver, "#sl-show-rejected input")
-    toggle.click()  # off: the struck drafts leave the text
+    click(driver, toggle)  # off: the struck drafts leave the text
     wait_for(lambda: not any(e.is_displayed() for e in css(driver, "#sl-conversation .sl-rejected")), 10,
              "the rejected drafts to hide")
     assert len(reply()) < len(with_drafts)
-    toggle.click()
+    click(driver, toggle)
     wait_for(lambda: css(driver, "#sl-conversation .sl-rejected")[0].is_displayed(), 10, "the rejected drafts back")
     assert "rejected draft" in css(driver, "#sl-legend")[0].text
 
@@ -87,7 +87,7 @@ def test_a_tapped_token_opens_its_step_in_the_inspector_and_the_tree_view(app_ur
     time.sleep(1.0)  # a phone's settings close once the page has loaded
     sidebar_open = lambda: "open" in css(driver, "#sl-sidebar")[0].get_attribute("class").split()  # noqa: E731
     wait_for(lambda: not sidebar_open(), 10, "a phone's settings to start closed")
-    usable(driver, "#sl-settings-button").click()
+    click(driver, "#sl-settings-button")
     set_number(driver, "#sl-max-new", BUDGET)
     driver.execute_script("document.querySelector('#sl-sidebar .toggle-button').click();")  # it covers the page
     wait_for(lambda: not sidebar_open(), 10, "the settings to close")
@@ -126,7 +126,7 @@ def take_inspector_screenshot(out: Path) -> None:
         d.set_window_size(1600, 2400 - d.execute_script("return window.innerHeight;"))  # a 1600 x 1200 page
         d.get(url)
         set_number(d, "#sl-max-new", 40)
-        css(d, "#sl-explainer button")[0].click()  # fold the explainer: room for the inspector
+        click(d, "#sl-explainer button")  # fold the explainer: room for the inspector
         generate(d)
         step = int(d.execute_script(  # a step that accepted a draft, then rejected a long one
             "const r = Array.from(document.querySelectorAll('#sl-conversation .sl-rejected'))"

@@ -52,7 +52,7 @@ def generate(driver, prompt: str | None, max_new_tokens: int, compare: bool = Fa
             driver.execute_script("arguments[0].click();", box)
     if prompt is not None:
         usable(driver, "#sl-prompt textarea").send_keys(prompt)
-    usable(driver, "#sl-generate").click()
+    click(driver, "#sl-generate")
 
 
 def test_on_a_phone_the_settings_start_closed_and_the_prompt_and_text_come_first(app_url, driver):
@@ -74,10 +74,10 @@ def test_on_a_phone_the_settings_start_closed_and_the_prompt_and_text_come_first
     assert tabs_top - prompt_bottom < inner_height(driver)
     assert [e.text for e in css(driver, "#sl-chart-tabs button[role=tab]")][:3] == ["Draft tree", "Acceptance", "Time"]
 
-    usable(driver, "#sl-settings-button").click()  # the settings open behind a button ...
+    click(driver, "#sl-settings-button")  # the settings open behind a button ...
     wait_for(lambda: sidebar_open(driver) and displayed(driver, "#sl-method"), 10,
              "the settings to open")
-    css(driver, "#sl-sidebar .toggle-button")[0].click()  # ... and close again
+    click(driver, "#sl-sidebar .toggle-button")  # ... and close again
     wait_for(lambda: not sidebar_open(driver), 10, "the settings to close")
 
 
@@ -87,7 +87,7 @@ def test_on_a_desktop_the_text_and_each_chart_show_together_without_scrolling(ap
     usable(driver, "#sl-prompt textarea")
     assert sidebar_open(driver)  # a desktop has room for the settings
     first = example_prompts()[0]
-    next(e for e in css(driver, "#sl-examples button") if e.text.startswith(first[:20])).click()
+    click(driver, next(e for e in css(driver, "#sl-examples button") if e.text.startswith(first[:20])))
     wait_for(lambda: css(driver, "#sl-prompt textarea")[0].get_attribute("value") == first, 10, "the example")
     generate(driver, None, 64)
     wait_for(lambda: finished(driver), 240, "the end of the reply")
@@ -105,9 +105,9 @@ def test_on_a_desktop_the_text_and_each_chart_show_together_without_scrolling(ap
     # the stats fold away and come back
     assert css(driver, "#sl-stats")[0].is_displayed()
     header = usable(driver, "#sl-stats-panel button")
-    header.click()
+    click(driver, header)
     wait_for(lambda: not displayed(driver, "#sl-stats"), 10, "the stats to fold")
-    header.click()
+    click(driver, header)
     wait_for(lambda: displayed(driver, "#sl-stats"), 10, "the stats to unfold")
 
 
@@ -117,7 +117,7 @@ def test_after_stop_the_stats_and_charts_count_exactly_the_tokens_the_text_shows
     usable(driver, "#sl-prompt textarea")
     generate(driver, "Write a long story about a robot who learns to paint.", MAX_NEW_TOKENS)
     wait_for(lambda: len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) >= 24, 240, "24 streamed tokens")
-    css(driver, "#sl-stop")[0].click()
+    click(driver, "#sl-stop")
     wait_for(lambda: "stopped" in css(driver, "#sl-status")[0].text, 30, "the stopped status")
     time.sleep(2.0)  # whatever is still on its way lands
 
@@ -144,7 +144,7 @@ def test_the_comparison_names_its_time_and_the_race_replays_both_runs(app_url, d
     show_tab(driver, "race")
     race = lambda: css(driver, "#sl-race")[0].text  # noqa: E731
     assert "tokens per target call" in race() and "✓ T = 0" in race()  # the finish, as the runs ended
-    usable(driver, "#sl-race-button").click()
+    click(driver, "#sl-race-button")
     wait_for(lambda: "tokens per target call" not in race(), 30, "the race to start")
     assert len(css(driver, "#sl-race .sl-lane")) == 2 and "target only" in race()
     wait_for(lambda: "tokens per target call" in race(), 120, "the race's finish")
@@ -156,7 +156,7 @@ def test_at_one_step_a_second_the_reply_appears_step_by_step_and_replays(app_url
     driver.set_window_size(*DESKTOP)
     driver.get(app_url)
     usable(driver, "#sl-prompt textarea")
-    next(e for e in css(driver, "#sl-pace label") if e.text == "1 step / s").click()
+    click(driver, next(e for e in css(driver, "#sl-pace label") if e.text == "1 step / s"))
     generate(driver, "Name three colours.", 6)
     status = lambda: css(driver, "#sl-status")[0].text  # noqa: E731
     wait_for(lambda: "replay (1 step / s): step" in status(), 240, "the step-by-step replay")
@@ -171,8 +171,8 @@ def test_at_one_step_a_second_the_reply_appears_step_by_step_and_replays(app_url
     assert counts == sorted(counts) and len(set(counts)) >= 3  # the text grew step by step, never back
     assert counts[-1] == 6
 
-    next(e for e in css(driver, "#sl-pace label") if e.text == "4 steps / s").click()
-    usable(driver, "#sl-replay").click()  # the same reply again, from its trace
+    click(driver, next(e for e in css(driver, "#sl-pace label") if e.text == "4 steps / s"))
+    click(driver, "#sl-replay")  # the same reply again, from its trace
     wait_for(lambda: "replay (4 steps / s)" in status(), 30, "the replay")
     wait_for(lambda: "replayed" in status(), 60, "the replay's end")
     assert len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) == 6
@@ -192,9 +192,9 @@ def take_race_screenshot(out: Path) -> None:
         d.get(url)
         generate(d, example_prompts()[0], 128, compare=True)
         wait_for(lambda: "×" in css(d, "#sl-comparison")[0].text, 600, "the comparison")
-        next(e for e in css(d, "#sl-pace label") if e.text == "4 steps / s").click()
+        click(d, next(e for e in css(d, "#sl-pace label") if e.text == "4 steps / s"))
         show_tab(d, "race")
-        usable(d, "#sl-race-button").click()
+        click(d, "#sl-race-button")
         lanes = lambda: [lane.text for lane in css(d, "#sl-race .sl-lane")]  # noqa: E731
         wait_for(lambda: "finished at" in lanes()[0], 300, "the speculative lane's finish")  # target only runs on
         d.execute_script("window.scrollTo(0, 0);")
