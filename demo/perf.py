@@ -105,7 +105,7 @@ def _count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float]]]:
     if cuda:
         events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     else:
-        events = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
+        events = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith(("aten::", "mkldnn::"))]
     per = Counter()
     count = Counter()
     for e in events:
