@@ -8,9 +8,10 @@ each program takes one BLOCK-wide slice of a row and picks its k largest by k ro
 largest entry, the lowest position among equals), then one program per row does the same over the
 slices' picks; a row of at most BLOCK entries takes the second pass alone. Exact: each of a row's
 k largest entries is among the k largest of its own slice; equal entries come out lowest position
-first (``torch.topk`` leaves their order unspecified). The op is a ``torch.library.triton_op``, so
-torch.compile sees its kernels and CUDA graphs capture them. Without Triton, and on a CPU (where a
-top-k is one loop over the row), ``torch.topk`` runs as it is.
+first (``torch.topk`` leaves their order unspecified), and NaN ranks with -inf (``torch.topk``
+ranks it highest). The op is a ``torch.library.triton_op``, so torch.compile sees its kernels and
+CUDA graphs capture them. Without Triton, and on a CPU (where a top-k is one loop over the row),
+``torch.topk`` runs as it is.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ if triton is not None:
         column = part * BLOCK + lane
         inside = column < width
         x = tl.load(x_ptr + row * x_stride + column, mask=inside, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == x, x, float("-inf"))  # NaN ranks lowest: every pick stays a column of the row
         taken = lane < 0  # none yet: a column is picked once, even among equal entries
         out = values_ptr + row * out_stride + part * K
         for i in tl.static_range(K):

@@ -35,6 +35,9 @@ def check_two_passes(width: int, k: int) -> None:
     assert bool((indices < width).all())
     assert torch.equal(indices[[0, 1, 4]], expected.indices[[0, 1, 4]])  # random rows: no ties
     assert indices[3].tolist() == list(range(k))
+    x[4, 7:] = float("nan")  # NaN ranks with -inf: the picks stay columns of the row
+    values, indices = topk_module.two_pass_topk(x, k, topk_module._slice_topk)
+    assert bool((indices[4] < width).all()) and bool((values[4, : min(k, 7)] > float("-inf")).all())
 
 
 def test_two_passes_give_each_rows_k_largest_entries_largest_first():
