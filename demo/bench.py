@@ -23,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Generator
 
+from demo.chat import first_difference
 from demo.methods import (COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label,
                           num_drafts)
 
@@ -218,14 +219,6 @@ def decode(engine, prompt_ids: list[int], gen):
         tokens += event.token_ids
         stats = event.stats
     return tokens, stats
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token of two decodes (a length difference counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def warm_up(engine, tokenizer, questions: list[dict], args: argparse.Namespace) -> float:

@@ -172,6 +172,14 @@ class RunTrace:
         return [s.root for s in self.steps if s.tree is not None]
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token of two decodes (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 @dataclass
 class Comparison:
     """Speculative run vs the same prompt target-only, in the same mode. Both speeds are tokens per
@@ -186,13 +194,18 @@ class Comparison:
     baseline_text: str
     baseline: Turn | None = None  # the target-only reply, token by token (the race's second lane)
     baseline_trace: RunTrace | None = None  # its steps and engine times
+    # rows of the target-only run the T = 0 identity was checked against: 1 (the baseline itself), or
+    # in bf16 and fp16 the verification's width (demo.engine.target_only_width: the exact reference)
+    reference_width: int = 1
+    one_row_difference: int | None = None  # reference_width > 1: where the 1-row baseline first differs
 
     @classmethod
     def of(cls, speculative: RunTrace, baseline: RunTrace, greedy: bool, identical: bool | None,
-           first_difference: int | None, baseline_reply: Turn) -> "Comparison":
+           first_difference: int | None, baseline_reply: Turn, reference_width: int = 1,
+           one_row_difference: int | None = None) -> "Comparison":
         """The comparison of two recorded runs, by their engine time."""
         return cls(speculative.stats.tokens_per_s, baseline.stats.tokens_per_s, greedy, identical, first_difference,
-                   baseline_reply.text, baseline_reply, baseline)
+                   baseline_reply.text, baseline_reply, baseline, reference_width, one_row_difference)
 
     @property
     def speedup(self) -> float:

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from demo.bench import first_difference
+from demo.chat import first_difference
 
 
 def compare(reference: dict, other: dict) -> dict:

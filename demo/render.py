@@ -171,8 +171,11 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
 
 
 def render_comparison(speedup: float, spec_tps: float, base_tps: float, identical: bool | None,
-                      first_difference: int | None, dtype: str = "float32") -> str:
-    """The speedup over target-only decoding, in engine time, and, at T = 0, the losslessness check."""
+                      first_difference: int | None, dtype: str = "float32", reference_width: int = 1,
+                      one_row_difference: int | None = None) -> str:
+    """The speedup over target-only decoding, in engine time, and, at T = 0, the losslessness check
+    (against target-only run `reference_width` rows wide: in bf16 the verification's width, where
+    the 1-row baseline may differ from `one_row_difference` on)."""
     lines = [f'<div class="sl-speedup"><b>{speedup:.2f}×</b> vs target-only '
              f"({spec_tps:.1f} vs {base_tps:.1f} tokens/s of engine time, same mode)</div>",
              '<div class="sl-def">Engine time: each run\'s prefill and decoding steps; the time spent drawing '
@@ -180,12 +183,20 @@ def render_comparison(speedup: float, spec_tps: float, base_tps: float, identica
     if identical is None:
         lines.append('<div class="sl-identity">T &gt; 0: the two samples differ by design; speculative '
                      "sampling keeps the target's distribution.</div>")
+    elif identical and reference_width > 1:
+        rows = f"a 1-row step and a {reference_width}-row verification round differently in {escape(dtype)}"
+        one_row = ("" if one_row_difference is None else
+                   f" The 1-row target-only run timed above differs from token {one_row_difference} on: {rows}.")
+        lines.append(f'<div class="sl-identity sl-ok">✓ T = 0: token-identical to target-only decoding run '
+                     f"{reference_width} rows wide, as the verification runs, which in {escape(dtype)} is the exact "
+                     f"reference (lossless).{one_row}</div>")
     elif identical:
         lines.append('<div class="sl-identity sl-ok">✓ T = 0: token-identical to target-only decoding '
                      "(lossless).</div>")
     else:
         note = (f" In {escape(dtype)}, matrix products of different shapes can round differently."
                 if dtype != "float32" else "")
-        lines.append(f'<div class="sl-identity sl-bad">✗ T = 0: differs from target-only decoding at token '
+        wide = f" run {reference_width} rows wide" if reference_width > 1 else ""
+        lines.append(f'<div class="sl-identity sl-bad">✗ T = 0: differs from target-only decoding{wide} at token '
                      f"{first_difference}.{note}</div>")
     return '<div class="sl-compare">' + "".join(lines) + "</div>"

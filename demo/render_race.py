@@ -42,8 +42,10 @@ def render_race_summary(label: str, spec: RunTrace, comparison: Comparison) -> s
         lines.append('<div class="sl-identity">T &gt; 0: two samples, each from the target\'s distribution; they '
                      "differ by design.</div>")
     elif comparison.identical:
+        wide = (f" run {comparison.reference_width} rows wide (the exact reference)"
+                if comparison.reference_width > 1 else "")
         lines.append(f'<div class="sl-identity sl-ok">✓ T = 0: the same {spec.stats.num_generated} tokens as '
-                     "target-only decoding.</div>")
+                     f"target-only decoding{wide}.</div>")
     else:
         lines.append(f'<div class="sl-identity sl-bad">✗ T = 0: differs from target-only decoding at token '
                      f"{comparison.first_difference}.</div>")

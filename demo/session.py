@@ -28,9 +28,9 @@ from typing import Callable, Iterator
 import torch
 
 from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, StepRecord, TokenPiece, Turn, Update,
-                       provenance)
+                       first_difference, provenance)
 from demo.drafter_common import DrafterConfig
-from demo.engine import Engine, GenerationConfig, StepEvent
+from demo.engine import Engine, GenerationConfig, StepEvent, target_only_width
 from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DRAFTER_CLASSES, METHOD_LABELS, METHODS,
                           MODE_LABELS, MODES, dtype_label, num_drafts)
 from demo.metrics import AcceptanceStats
@@ -430,7 +430,12 @@ class Session:
         gen, k = request.engine_config(), request.k
         if request.mode == "cudagraph":  # capture now, visibly, rather than silently inside the first step
             yield Update(chat, f"capturing CUDA graphs for k = {k} (once per draft shape and drafter)…")
-            for shape in {request.shape, DraftShape(0)} if request.compare else {request.shape}:
+            shapes = {request.shape}
+            if request.compare:  # the target-only baseline and, at T = 0, bf16's exact reference (_compare)
+                shapes.add(DraftShape(0))
+                if gen.temperature <= 0:
+                    shapes.add(DraftShape(0, pad=reference_width(gen, engine) - 1))
+            for shape in shapes:
                 engine.prepare(shape)
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
@@ -509,13 +514,19 @@ class Session:
         tokens = [p.token_id for p in reply.pieces]
         spec_tokens = [p.token_id for p in chat.turns[-1].pieces]
         greedy = gen.temperature <= 0
-        identical = first = None
+        identical = first = one_row = None
+        width = reference_width(gen, engine) if greedy else 1
         if greedy:
-            identical = tokens == spec_tokens
-            if not identical:
-                first = next((i for i, (a, b) in enumerate(zip(tokens, spec_tokens)) if a != b),
-                             min(len(tokens), len(spec_tokens)))
-        chat.comparison = Comparison.of(chat.trace, trace, greedy, identical, first, reply)
+            reference = tokens
+            if width > 1:  # bf16: the exact reference is target-only run at the verification's width
+                yield Update(chat, f"checking the reply against target-only run {width} rows wide…", baseline=reply,
+                             baseline_trace=trace)
+                exact = replace(gen, num_spec_tokens=0, target_only_width=width)
+                reference = [t for event in engine.generate(ids, exact) for t in event.token_ids]
+                one_row = first_difference(tokens, spec_tokens)
+            first = first_difference(reference, spec_tokens)
+            identical = first is None
+        chat.comparison = Comparison.of(chat.trace, trace, greedy, identical, first, reply, width, one_row)
 
     def _done_status(self, chat: ChatState) -> str:
         trace = chat.trace
@@ -523,6 +534,13 @@ class Session:
         reason = {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done")
         return (f"done ({reason}): {s.num_generated} tokens in {s.num_steps + 1} target forwards, "
                 f"{s.tokens_per_s:.1f} tokens/s")
+
+
+def reference_width(gen: GenerationConfig, engine: Engine) -> int:
+    """The rows of the target-only run a speculative reply of `gen` is checked against at T = 0: 1 in
+    fp32, the verification's width in bf16 and fp16 (demo.engine.target_only_width)."""
+    return target_only_width(gen.draft_shape(gen.num_spec_tokens if engine.drafter is not None else 0),
+                             engine.target.dtype)
 
 
 def cache_budget(device: torch.device) -> int:

@@ -441,7 +441,8 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     def comparison_html(session: Session, chat: ChatState) -> str:
         cmp = chat.comparison
         return render_comparison(cmp.speedup, cmp.speculative_tokens_per_s, cmp.baseline_tokens_per_s, cmp.identical,
-                                 cmp.first_difference, session.describe()["dtype"]) if cmp else ""
+                                 cmp.first_difference, session.describe()["dtype"], cmp.reference_width,
+                                 cmp.one_row_difference) if cmp else ""
 
     def bot(values: dict) -> Iterator[dict]:
         """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most

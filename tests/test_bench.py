@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from demo import bench
+from demo.chat import first_difference
 from demo.metrics import AcceptanceStats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -369,6 +370,6 @@ def test_cudagraph_without_cuda_exits_with_clear_message(models):
 
 
 def test_first_difference_finds_the_first_differing_position():
-    assert bench.first_difference([5, 6, 7], [5, 6, 7]) is None
-    assert bench.first_difference([5, 6, 7], [5, 9, 7]) == 1
-    assert bench.first_difference([5, 6], [5, 6, 7]) == 2  # one stopped early: they differ at index 2
+    assert first_difference([5, 6, 7], [5, 6, 7]) is None
+    assert first_difference([5, 6, 7], [5, 9, 7]) == 1
+    assert first_difference([5, 6], [5, 6, 7]) == 2  # one stopped early: they differ at index 2

@@ -203,3 +203,14 @@ def test_comparison_reports_speedup_and_identity():
     assert "✓" in render_comparison(2.0, 20.0, 10.0, True, None) and "2.00×" in render_comparison(2.0, 20, 10, True, None)
     assert "token 7" in render_comparison(1.1, 11, 10, False, 7)
     assert "differ by design" in render_comparison(1.5, 15, 10, None, None)
+
+
+def test_in_bf16_the_comparison_names_the_exact_reference_and_where_the_1_row_run_differs():
+    exact = render_comparison(2.0, 20, 10, True, None, "bfloat16", reference_width=8, one_row_difference=12)
+    assert "✓" in exact and "run 8 rows wide" in exact and "exact reference" in exact
+    assert "1-row target-only run timed above differs from token 12" in exact
+    same = render_comparison(2.0, 20, 10, True, None, "bfloat16", reference_width=8)
+    assert "✓" in same and "differs" not in same
+    wrong = render_comparison(2.0, 20, 10, False, 5, "bfloat16", reference_width=8)
+    assert "✗" in wrong and "run 8 rows wide at token 5" in wrong
+    assert "rows wide" not in render_comparison(2.0, 20, 10, True, None)  # fp32: the 1-row run is the reference

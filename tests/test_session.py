@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from demo.engine import Engine
-from demo.chat import ChatState, Turn
+from demo.chat import ChatState, Turn, first_difference
 from demo.metrics import DEFINITIONS
 from demo.render import render_chat, render_stats
 from demo.session import MAX_CHARS_PER_TOKEN, RANDOM_INIT, ModelChoice, Request, RequestError, panel_stats
@@ -354,3 +354,19 @@ def test_the_speedup_compares_engine_time_of_both_runs_not_the_time_spent_drawin
                                                     (base.num_generated / base.elapsed_s))
     assert drawing > 0 and spec.elapsed_s < (spec_ended - spec_started) - drawing
     assert [p.token_id for p in chat.comparison.baseline.pieces] == [p.token_id for p in chat.turns[-1].pieces]
+
+
+def test_in_bf16_compare_checks_the_reply_against_target_only_run_at_the_verifications_width():
+    # a 1-row target-only step and a 4-row verification round differently in bf16 (near-ties flip);
+    # target-only run 4 rows wide computes every token as the verification does: the exact reference
+    session = tiny_session(dtype=torch.bfloat16)
+    request = Request.of("hello there", method="eagle3", num_spec_tokens=3, max_new_tokens=48, compare=True)
+    final = list(session.generate(request))[-1]
+    c = final.chat.comparison
+    spec = [p.token_id for p in final.chat.turns[-1].pieces]
+    one_row = [p.token_id for p in c.baseline.pieces]
+    assert c.reference_width == 4 and c.identical is True and c.first_difference is None
+    assert c.one_row_difference is not None  # this prompt's 1-row run flips a near-tie (at token 28 here)
+    assert c.one_row_difference == first_difference(one_row, spec)
+    fp32 = list(tiny_session().generate(request))[-1].chat.comparison
+    assert fp32.reference_width == 1 and fp32.one_row_difference is None and fp32.identical is True

@@ -15,6 +15,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from demo.session import Models, Session
+from demo.target import Target
 from tests.tiny import tiny_drafter, tiny_target
 
 SPECIALS = ("<|im_start|>", "<|im_end|>")
@@ -50,11 +51,15 @@ def byte_tokenizer():
     return tok
 
 
-def tiny_session(*, predictable: bool = False, max_context: int = 512, name: str = "tiny") -> Session:
+def tiny_session(*, predictable: bool = False, max_context: int = 512, name: str = "tiny",
+                 dtype: torch.dtype = torch.float32) -> Session:
     """A Session over a tiny random Llama (vocabulary 258) with random EAGLE and EAGLE-3 drafters.
     With `predictable`, the target's lm_head is zero: it always emits id 0 ("a"), and EAGLE-1,
     which shares that lm_head, always drafts it."""
     hf, target = tiny_target("llama", vocab_size=258, max_position_embeddings=max_context)
+    if dtype != torch.float32:
+        hf.to(dtype)
+        target = Target(hf)
     if predictable:
         with torch.no_grad():
             hf.lm_head.weight.zero_()
