@@ -115,8 +115,8 @@ def _count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float]]]:
     return len(events), (sum(per.values()) if cuda else wall_ms), top
 
 
-def _phase_graph_ms(fn, repeats: int) -> float:
-    """Capture fn alone (after warm-ups on a side stream, as a capture needs) and time its replay."""
+def capture_alone(fn) -> "torch.cuda.CUDAGraph":
+    """fn captured as a graph of its own, after warm-ups on a side stream (as a capture needs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -126,7 +126,12 @@ def _phase_graph_ms(fn, repeats: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return _replay_ms(graph, repeats)
+    return graph
+
+
+def _phase_graph_ms(fn, repeats: int) -> float:
+    """Capture fn alone and time its replay."""
+    return _replay_ms(capture_alone(fn), repeats)
 
 
 def _replay_ms(graph, repeats: int) -> float:

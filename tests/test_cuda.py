@@ -205,6 +205,7 @@ def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_g
 
 def test_row_topk_is_torch_topk_on_a_gpu_eager_compiled_and_captured():
     from demo.engine import compile_step
+    from demo.perf import capture_alone
     from demo.topk import row_topk
     x = torch.randn(65, 49152 + 77, device="cuda")
     x[3] = 1.0  # all equal: the lowest columns first
@@ -223,16 +224,7 @@ def test_row_topk_is_torch_topk_on_a_gpu_eager_compiled_and_captured():
                 assert torch.equal(indices[rows], expected.indices[rows])
             assert indices[3].tolist() == list(range(k))
     out = torch.zeros(65, 8, dtype=torch.int64, device="cuda")
-    step = compile_step(lambda: out.copy_(row_topk(x, 8)[1]))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_alone(compile_step(lambda: out.copy_(row_topk(x, 8)[1])))
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(out, x.topk(8, dim=-1).indices)
