@@ -437,11 +437,13 @@ class Engine:
                     lambda size=size: self._prefill_forward(b, size, self._attended(size)))
         restore()
 
+    def compiles(self, phase: str) -> bool:
+        """Whether captured steps run `phase` ("propose", "verify" or "accept") compiled: compile
+        "drafter" the propose phase only, "all" every phase of a step."""
+        return self.compile == "all" or (self.compile == "drafter" and phase == "propose")
+
     def _maybe_compile(self, fn, name: str):
-        """compile "drafter": the propose phase only; "all": every phase of a step."""
-        if self.compile == "all" or (self.compile == "drafter" and name == "propose"):
-            return compile_step(fn)
-        return fn
+        return compile_step(fn) if self.compiles(name) else fn
 
     # ------------------------------------------------------------------ step functions
     # These read and write only persistent buffers and caches, and never sync with the host.

@@ -81,10 +81,13 @@ def phase_functions(engine, b, params, generator=None) -> dict:
     return fns
 
 
-def compiled_phase(mode: str, scope, phase: str) -> bool:
-    """Whether the engine runs `phase` compiled: graph mode compiles its captured steps, "all"
-    every phase, "drafter" the propose phase (project, catch_up, draft; demo.engine._maybe_compile)."""
-    return mode == "cudagraph" and (scope == "all" or (scope == "drafter" and phase in ("project", "catch_up", "draft")))
+STEP_PHASE = {"project": "propose", "catch_up": "propose", "draft": "propose", "verify": "verify", "accept": "accept"}
+
+
+def compiled_phase(engine, phase: str) -> bool:
+    """Whether the engine runs `phase` (one of PHASES) compiled: only graph mode compiles, its
+    captured steps, within its --compile scope (Engine.compiles)."""
+    return engine.mode == "cudagraph" and engine.compiles(STEP_PHASE[phase])
 
 
 def _last_slot(b) -> int:
@@ -159,7 +162,7 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
     phases = []
     for name, fn in phase_functions(engine, b, gen.sampling, generator).items():
         if name != "accept":
-            if compiled_phase(engine.mode, engine.compile, name):
+            if compiled_phase(engine, name):
                 fn = compile_step(fn)
             fn()  # warm: a first call may compile, pick kernels or allocate
         kernels, ms, top = _count(fn, cuda)
