@@ -1,7 +1,8 @@
 """Functional Llama-family pieces shared by the target forward and the drafters.
 
-Plain eager PyTorch over weights owned elsewhere (transformers' modules or a drafter's nn.Linear):
-no graphs, no compilation, no hidden allocation beyond what each op returns. Shapes use
+Plain eager PyTorch over weights owned elsewhere (transformers' modules or a drafter's nn.Linear),
+attention through demo.attend (Triton kernels on a GPU): no graphs, no compilation, no hidden
+allocation beyond what each op returns. Shapes use
 B = batch, q = query tokens, S = cache slots, H = hidden, nh / nkv = heads, hd = head dim.
 """
 
@@ -11,6 +12,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from demo.attend import attend
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -206,9 +209,7 @@ def attention(
     index = slots[:, None, :, None].expand(B, num_kv_heads, q, head_dim)
     k_cache.scatter_(2, index, ks)
     v_cache.scatter_(2, index, vs)
-    out = F.scaled_dot_product_attention(
-        qs, k_cache, v_cache, attn_mask=mask, enable_gqa=num_heads != num_kv_heads
-    )  # [B, nh, q, hd]
+    out = attend(qs, k_cache, v_cache, mask)  # [B, nh, q, hd]
     return linear(o_proj, out.transpose(1, 2).reshape(B, q, num_heads * head_dim))
 
 

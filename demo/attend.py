@@ -1,0 +1,176 @@
+"""Attention of a few query rows over a static KV cache with a boolean mask, in launches a captured
+step can afford.
+
+Every forward of a decoding step attends 1 to a few hundred query rows (a token, a chain's
+verification, a tree's nodes, a drafter's frontier) over the cache's first `attend` slots, as a
+boolean mask allows: causal over slots, or a tree's ancestors at scattered slots. PyTorch's
+``scaled_dot_product_attention`` takes such a mask through cuDNN on an H200, about 13 us a call
+for a tree drafter's 8 rows over 512 slots (docs/runs/2026-12-02-tree-propose-topk.md): a verification
+of the default target pays it 30 times a step.
+
+``attend`` runs split-slot attention in Triton on a GPU instead (flash-decoding's scheme): a program
+takes BLOCK_M query rows of one KV head (GQA's query heads of a KV head packed as rows, so each K/V
+block is read once for all of them) and SPLIT slots, keeps an online softmax over BLOCK_N-slot blocks,
+and writes its unnormalised sum with its running max and total; a second kernel weighs the splits
+together. Over one split the first kernel writes the output itself. A row's result depends on its
+own query, mask row, the cache and SPLIT only, never on how many rows run beside it. The output
+comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output projection
+reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA graphs capture
+them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a CPU, or for head sizes ``tl.dot`` cannot take, SDPA runs as before;
+``set_backend("sdpa")`` picks SDPA everywhere (graphs captured after it use it), for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install
+    triton = None
+
+# Triton's interpreter (TRITON_INTERPRET=1, read when Triton is imported) runs the kernels on CPU tensors
+INTERPRETED = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
+BACKENDS = ("auto", "sdpa")  # auto: the Triton kernels where they run, SDPA elsewhere
+_backend = "auto"
+BLOCK_M = 16  # query rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
+BLOCK_N = 64  # slots per inner step
+SPLIT = 128  # slots per program (a multiple of BLOCK_N)
+
+
+def set_backend(name: str) -> None:
+    """Pick the attention every later forward (and every graph captured after it) runs."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {BACKENDS}, not {name!r}")
+    _backend = name
+
+
+def backend() -> str:
+    return _backend
+
+
+def triton_runs(q: torch.Tensor) -> bool:
+    """Whether `attend` takes the Triton kernels for queries like q ([B, nh, q, hd])."""
+    hd = q.shape[-1]
+    return (_backend == "auto" and triton is not None and (q.is_cuda or INTERPRETED) and 16 <= hd <= 256 and hd & (hd - 1) == 0
+            and q.dtype in (torch.float32, torch.float16, torch.bfloat16))
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q: [B, nh, q, hd]; k_cache, v_cache: [B, nkv, S, hd] (nh a multiple of nkv; last dim contiguous);
+    mask: [B, 1, q, S] bool (True: the query row sees the slot; slots contiguous) -> [B, nh, q, hd]."""
+    if triton_runs(q):
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        mask = mask if mask.stride(-1) == 1 else mask.contiguous()
+        return torch.ops.speclens.attend(q, k_cache, v_cache, mask).transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                          enable_gqa=q.shape[1] != k_cache.shape[1])
+
+
+def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                 split_kernel, combine_kernel, split: int = SPLIT) -> torch.Tensor:
+    """The kernels' launches (jitted, or interpreted in tests); shapes as `attend`'s, but the output
+    is [B, q, nh, hd] (contiguous)."""
+    B, nh, M, hd = q.shape
+    nkv, S = k_cache.shape[1], k_cache.shape[2]
+    group = nh // nkv
+    rows = group * M  # packed query rows of one KV head
+    splits = triton.cdiv(S, split)
+    out = torch.empty(B, M, nh, hd, dtype=q.dtype, device=q.device)  # the layout o_proj reads
+    if splits == 1:
+        partial, stats = out, out  # unused: the one split writes the output
+    else:
+        partial = torch.empty(B, M, nh, splits, hd, dtype=torch.float32, device=q.device)
+        stats = torch.empty(B, M, nh, splits, 2, dtype=torch.float32, device=q.device)  # (max, total), log2 units
+    grid = (B * nkv, triton.cdiv(rows, BLOCK_M), splits)
+    split_kernel[grid](
+        q, k_cache, v_cache, mask, out, partial, stats, M, S, nkv, math.log2(math.e) / math.sqrt(hd),
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), mask.stride(0), mask.stride(2),
+        GROUP=group, HD=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=split, ONE_SPLIT=splits == 1,
+        IEEE=q.dtype == torch.float32)
+    if splits > 1:
+        combine_kernel[(B * M * nh,)](partial, stats, out, splits, HD=hd, SPLITS=triton.next_power_of_2(splits))
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _attend_split(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S, NKV, qk_scale,
+                      q_sb, q_sh, q_sm, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm,
+                      GROUP: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, IEEE: tl.constexpr):
+        bk = tl.program_id(0)
+        b = bk // NKV
+        kv = bk % NKV
+        part = tl.program_id(1)
+        split = tl.program_id(2)
+        nh = NKV * GROUP
+        r = part * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: query row r // GROUP, head kv * GROUP + r % GROUP
+        m = r // GROUP
+        h = kv * GROUP + r % GROUP
+        live = m < M
+        d = tl.arange(0, HD)
+        q = tl.load(q_ptr + b * q_sb + h[:, None] * q_sh + m[:, None] * q_sm + d[None, :], mask=live[:, None], other=0.0)
+        acc = tl.zeros((BLOCK_M, HD), dtype=tl.float32)
+        top = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)  # running max of the scores (log2 units)
+        total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        k_base = k_ptr + b * k_sb + kv * k_sh
+        v_base = v_ptr + b * v_sb + kv * v_sh
+        mask_base = mask_ptr + b * mask_sb + m[:, None] * mask_sm
+        for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, S), BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            inside = n < S
+            k = tl.load(k_base + n[None, :] * k_ss + d[:, None], mask=inside[None, :], other=0.0)  # [HD, BLOCK_N]
+            if IEEE:
+                s = tl.dot(q, k, input_precision="ieee")
+            else:
+                s = tl.dot(q, k)
+            seen = tl.load(mask_base + n[None, :], mask=live[:, None] & inside[None, :], other=0) != 0
+            s = tl.where(seen, s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
+            new_top = tl.maximum(top, tl.max(s, axis=1))
+            shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row that has seen nothing yet
+            p = tl.exp2(s - shift[:, None])
+            scale = tl.exp2(top - shift)
+            total = total * scale + tl.sum(p, axis=1)
+            v = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=inside[:, None], other=0.0)  # [BLOCK_N, HD]
+            if IEEE:
+                acc = acc * scale[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
+            top = new_top
+        at = (b * M + m) * nh + h  # the row's index in [B, q, nh]
+        if ONE_SPLIT:
+            result = acc / tl.where(total > 0, total, 1.0)[:, None]
+            tl.store(out_ptr + at[:, None] * HD + d[None, :], result.to(out_ptr.dtype.element_ty), mask=live[:, None])
+        else:
+            splits = tl.num_programs(2)
+            tl.store(partial_ptr + (at[:, None] * splits + split) * HD + d[None, :], acc, mask=live[:, None])
+            tl.store(stats_ptr + (at * splits + split) * 2, top, mask=live)
+            tl.store(stats_ptr + (at * splits + split) * 2 + 1, total, mask=live)
+
+    @triton.jit
+    def _attend_combine(partial_ptr, stats_ptr, out_ptr, splits, HD: tl.constexpr, SPLITS: tl.constexpr):
+        row = tl.program_id(0)  # index in [B, q, nh]
+        s = tl.arange(0, SPLITS)
+        d = tl.arange(0, HD)
+        used = s < splits
+        top = tl.load(stats_ptr + (row * splits + s) * 2, mask=used, other=float("-inf"))
+        total = tl.load(stats_ptr + (row * splits + s) * 2 + 1, mask=used, other=0.0)
+        best = tl.max(top, axis=0)
+        weight = tl.exp2(top - tl.where(best == float("-inf"), 0.0, best))  # [SPLITS]; 0 for empty splits
+        acc = tl.load(partial_ptr + (row * splits + s[:, None]) * HD + d[None, :], mask=used[:, None], other=0.0)
+        norm = tl.sum(weight * total, axis=0)
+        result = tl.sum(acc * weight[:, None], axis=0) / tl.where(norm > 0, norm, 1.0)
+        tl.store(out_ptr + row * HD + d, result.to(out_ptr.dtype.element_ty))
+
+    @torch.library.triton_op("speclens::attend", mutates_args=())
+    def _attend_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return split_attend(q, k_cache, v_cache, mask, torch.library.wrap_triton(_attend_split),
+                            torch.library.wrap_triton(_attend_combine))

@@ -1,0 +1,127 @@
+"""demo.attend: split-slot attention over a static cache with a boolean mask. The kernels run here
+under Triton's interpreter (numpy on the CPU, in a process started with TRITON_INTERPRET=1: Triton
+reads it when it is imported); tests/test_cuda.py runs them compiled and captured on a GPU."""
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from demo import attend as attend_module
+
+pytest.importorskip("triton")
+
+
+def _inputs(B, nh, nkv, M, S, hd, kind, seed):
+    """q [B, nh, M, hd]; caches [B, nkv, S, hd] cut from wider ones (strided, as the engine's views
+    are); a mask [B, 1, M, S]: causal over slots, or scattered like a tree's (a row sees its random
+    slots), cut from a wider one; row 0 of a scattered mask sees nothing."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, nh, M, hd, generator=g)
+    k = torch.randn(B, nkv, S + 16, hd, generator=g)[:, :, :S]
+    v = torch.randn(B, nkv, S + 16, hd, generator=g)[:, :, :S]
+    if kind == "causal":
+        positions = torch.arange(S - M - 3, S - 3).view(1, M).expand(B, M)
+        mask = torch.arange(S)[None, None, None, :] <= positions[:, None, :, None]
+    else:
+        mask = (torch.rand(B, 1, M, S + 5, generator=g) < 0.3)[..., :S]
+        mask[..., 0, :] = False
+    return q, k, v, mask
+
+
+def check_against_sdpa(B, nh, nkv, M, S, hd, kind, split) -> None:
+    q, k, v, mask = _inputs(B, nh, nkv, M, S, hd, kind, seed=M * 7 + S)
+    out = attend_module.split_attend(q, k, v, mask, attend_module._attend_split, attend_module._attend_combine, split)
+    assert out.shape == (B, M, nh, hd) and out.is_contiguous()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=nh != nkv).transpose(1, 2)
+    if kind != "causal":
+        assert bool((out[:, 0] == 0).all())  # a row that sees no slot gets zeros (SDPA: NaN)
+        out, ref = out[:, 1:], ref[:, 1:]
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-6)
+
+
+def check_rows_alone(split) -> None:
+    """Each row's output is bitwise the same computed alone or beside others: its arithmetic never
+    depends on the rows launched with it (the property exact decoding needs across widths)."""
+    q, k, v, mask = _inputs(1, 9, 3, 13, 300, 64, "tree", seed=5)
+    run = lambda *a: attend_module.split_attend(*a, attend_module._attend_split, attend_module._attend_combine, split)  # noqa: E731
+    together = run(q, k, v, mask)
+    for row in (0, 4, 12):
+        alone = run(q[:, :, row:row + 1], k, v, mask[:, :, row:row + 1])
+        assert torch.equal(alone[:, 0], together[:, row])
+
+
+CASES = [  # B, nh, nkv, M, S, hd, mask, slots per split
+    (1, 9, 3, 8, 200, 64, "causal", 128),  # a chain's verification, two splits (GQA groups of 3)
+    (1, 9, 3, 1, 77, 64, "causal", 128),  # one token, one split: the first kernel writes the output
+    (1, 9, 3, 97, 300, 64, "tree", 128),  # a tree's verification: 291 packed rows, scattered slots
+    (2, 4, 4, 5, 130, 32, "tree", 64),  # batch 2, no GQA, a partial last block
+    (1, 2, 1, 20, 700, 16, "causal", 64),  # eleven splits (the combine's power-of-two padding)
+]
+
+
+def test_split_attention_matches_sdpa_and_each_row_is_computed_alone():
+    code = ("from tests.test_attend import check_against_sdpa, check_rows_alone\n"
+            f"for case in {CASES!r}:\n    check_against_sdpa(*case)\n"
+            "check_rows_alone(128)\ncheck_rows_alone(64)\nprint('checked')")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "checked" in out.stdout
+
+
+def test_on_a_cpu_attend_is_sdpa():
+    q, k, v, mask = _inputs(1, 4, 2, 3, 40, 16, "causal", seed=1)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert not attend_module.triton_runs(q)
+    assert torch.equal(attend_module.attend(q, k, v, mask), expected)
+
+
+def _cuda_query(hd):  # what triton_runs reads of a query on a GPU
+    return SimpleNamespace(shape=(1, 4, 2, hd), is_cuda=True, dtype=torch.bfloat16)
+
+
+def test_set_backend_refuses_an_unknown_name_and_sdpa_turns_the_kernels_off():
+    with pytest.raises(ValueError, match="must be one of"):
+        attend_module.set_backend("flash")
+    q = _cuda_query(64)
+    assert attend_module.backend() == "auto" and attend_module.triton_runs(q)
+    try:
+        attend_module.set_backend("sdpa")
+        assert not attend_module.triton_runs(q)
+    finally:
+        attend_module.set_backend("auto")
+    assert attend_module.triton_runs(q)
+    assert not attend_module.triton_runs(_cuda_query(48))  # tl.dot takes powers of two
+
+
+def check_engine_lossless() -> None:
+    """Whole generations through the kernels (interpreted): chains and trees, EAGLE and EAGLE-3
+    drafters, give transformers' greedy tokens (tiny fp32 targets, head size 16)."""
+    from demo.engine import Engine
+    from demo.tree import TreeShape
+    from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
+    from demo.target import Target
+
+    prompt = [1, 17, 99, 4, 250, 31, 8]
+    hf = tiny_hf("llama")
+    ref = hf_greedy(hf, prompt, 20)
+    target = Target(hf)
+    for method, k, tree in (("none", 0, None), ("eagle", 3, None), ("eagle3", 3, TreeShape(3, 8))):
+        drafter = tiny_drafter(method, target) if method != "none" else None
+        engine = Engine(target, drafter, max_context=64)
+        tokens, _ = run(engine, prompt, max_new_tokens=20, num_spec_tokens=k, tree=tree, stop_token_ids=())
+        assert tokens == ref, method
+
+
+def test_generations_through_the_kernels_keep_target_greedy_tokens():
+    code = ("from demo import attend\nassert attend.INTERPRETED\n"
+            "import tests.test_attend as t\nt.check_engine_lossless()\nprint('checked')")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "checked" in out.stdout
