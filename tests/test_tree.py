@@ -148,6 +148,21 @@ def test_pruning_keeps_every_ancestor_and_orders_siblings_by_the_drafters_score(
             assert [logq[i] for i in kids] == sorted((logq[i] for i in kids), reverse=True)
 
 
+def test_the_best_n_by_rank_are_what_a_stable_sort_keeps_in_index_order(monkeypatch):
+    from demo import tree as tree_module
+
+    g = torch.Generator().manual_seed(0)
+    for M, n in ((10, 3), (456, 95), (456, 455), (73, 1)):
+        for scores in (torch.randn(M, generator=g),
+                       torch.randint(-3, 1, (M,), generator=g).float(),  # many ties
+                       torch.where(torch.rand(M, generator=g) < 0.3, float("-inf"), torch.randn(M, generator=g))):
+            expected = torch.sort(torch.argsort(scores, descending=True, stable=True)[:n]).values
+            assert torch.equal(tree_module.best_in_order(scores, n), expected), (M, n)
+            monkeypatch.setattr(tree_module, "RANK_MAX_CANDIDATES", M - 1)  # the sorting path
+            assert torch.equal(tree_module.best_in_order(scores, n), expected), (M, n)
+            monkeypatch.undo()
+
+
 def test_ancestors_and_the_mask_of_a_hand_made_tree():
     parents = torch.tensor([0, 0, 0, 1, 3])  # root -> 1 -> 3 -> 4, root -> 2
     anc = ancestors(parents, 3)
