@@ -16,49 +16,32 @@ together. Over one split the first kernel writes the output itself. A row's resu
 own query, mask row, the cache and SPLIT only, never on how many rows run beside it. The output
 comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output projection
 reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA graphs capture
-them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a CPU, or for head sizes ``tl.dot`` cannot take, SDPA runs as before;
-``set_backend("sdpa")`` picks SDPA everywhere (graphs captured after it use it), for comparison.
+them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a CPU, for head
+sizes ``tl.dot`` cannot take, or with ``demo.kernels`` set to "torch", SDPA runs as before.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 
-try:
+from demo.kernels import HAVE_TRITON, kernels, triton_on
+
+if HAVE_TRITON:
     import triton
     import triton.language as tl
-except ImportError:  # a CPU-only install
-    triton = None
 
-# Triton's interpreter (TRITON_INTERPRET=1, read when Triton is imported) runs the kernels on CPU tensors
-INTERPRETED = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
-BACKENDS = ("auto", "sdpa")  # auto: the Triton kernels where they run, SDPA elsewhere
-_backend = "auto"
 BLOCK_M = 16  # query rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
 BLOCK_N = 64  # slots per inner step
 SPLIT = 128  # slots per program (a multiple of BLOCK_N)
 
 
-def set_backend(name: str) -> None:
-    """Pick the attention every later forward (and every graph captured after it) runs."""
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"attention backend must be one of {BACKENDS}, not {name!r}")
-    _backend = name
-
-
-def backend() -> str:
-    return _backend
-
-
 def triton_runs(q: torch.Tensor) -> bool:
     """Whether `attend` takes the Triton kernels for queries like q ([B, nh, q, hd])."""
     hd = q.shape[-1]
-    return (_backend == "auto" and triton is not None and (q.is_cuda or INTERPRETED) and 16 <= hd <= 256 and hd & (hd - 1) == 0
+    return (kernels() != "torch" and triton_on(q) and 16 <= hd <= 256 and hd & (hd - 1) == 0
             and q.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
@@ -100,7 +83,7 @@ def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return out
 
 
-if triton is not None:
+if HAVE_TRITON:
     @triton.jit
     def _attend_split(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S, NKV, qk_scale,
                       q_sb, q_sh, q_sm, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm,

@@ -23,9 +23,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Generator
 
-from demo.attend import BACKENDS as ATTENTION_BACKENDS
-from demo.attend import set_backend as set_attention_backend
 from demo.chat import first_difference
+from demo.kernels import DEFAULT_KERNELS, KERNELS, set_kernels
 from demo.methods import (COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, METHODS, MODES, dtype_label, mode_label,
                           num_drafts)
 
@@ -63,9 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch.compile captured steps (cudagraph mode): the drafter's (default; the output "
                         "stays eager's token for token), or all of them, verification too (fastest; the "
                         "target's numerics change, so the text may move at near-ties)")
-    e.add_argument("--attention", choices=ATTENTION_BACKENDS, default="auto",
-                   help="auto: demo.attend's Triton kernels on a GPU (SDPA elsewhere); sdpa: PyTorch's "
-                        "scaled_dot_product_attention everywhere, for comparison")
+    e.add_argument("--kernels", choices=KERNELS, default=DEFAULT_KERNELS,
+                   help="on a GPU: 'attention' (Triton attention, PyTorch for the rest), 'fused' (and "
+                        "fused layer kernels, each row computed alike whatever the width) or 'torch' "
+                        "(PyTorch throughout); demo/kernels.py")
     e.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     e.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
@@ -151,7 +151,7 @@ def build_engine(args: argparse.Namespace):
     if args.mode == "cudagraph" and (args.device == "cpu" or not torch.cuda.is_available()):
         where = "--device cpu was chosen" if args.device == "cpu" else "this machine has no CUDA device"
         raise ValueError(f"--mode cudagraph needs a CUDA device, but {where} (use --mode eager)")
-    set_attention_backend(args.attention)  # before anything is captured or compiled
+    set_kernels(args.kernels)  # before anything is captured or compiled
     spec = drafter_spec(args)
     transformers.utils.logging.disable_progress_bar()  # the bench shows its own bar, over prompts
     hf, tokenizer = load_target(args.target, device=args.device, dtype=args.dtype)
@@ -335,7 +335,7 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
             "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
             "k": num_drafts(args.method, args.num_spec_tokens), "shape": asdict(tree_shape(args)),
             "draft_sampling": args.draft_sampling, "mode": args.mode, "compile": args.compile or False,
-            "attention": args.attention, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
+            "kernels": args.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
             "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
             "seed": args.seed, "max_new_tokens": args.max_new_tokens,
             "prompts": args.prompts or (None if args.prompt is not None else str(DEFAULT_PROMPTS)),

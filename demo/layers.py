@@ -197,6 +197,17 @@ def attention(
     slots the mask allows, project out. RoPE comes in as cos/sin of the tokens' positions."""
     B, q, _ = x.shape
     qs, ks, vs = qkv(x)
+    heads = attend_heads(qs, ks, vs, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slots, mask,
+                         q_norm, k_norm)
+    return linear(o_proj, heads)
+
+
+def attend_heads(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, num_heads: int, num_kv_heads: int,
+                 head_dim: int, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slots: torch.Tensor, mask: torch.Tensor, q_norm=None, k_norm=None) -> torch.Tensor:
+    """The attention between the projections (``attention``'s middle): qs [B, q, nh*hd], ks and vs
+    [B, q, nkv*hd] -> [B, q, nh*hd], the rest as ``attention`` takes them."""
+    B, q, _ = qs.shape
     qs = qs.reshape(B, q, num_heads, head_dim)
     ks = ks.reshape(B, q, num_kv_heads, head_dim)
     vs = vs.reshape(B, q, num_kv_heads, head_dim)
@@ -210,7 +221,7 @@ def attention(
     k_cache.scatter_(2, index, ks)
     v_cache.scatter_(2, index, vs)
     out = attend(qs, k_cache, v_cache, mask)  # [B, nh, q, hd]
-    return linear(o_proj, out.transpose(1, 2).reshape(B, q, num_heads * head_dim))
+    return out.transpose(1, 2).reshape(B, q, num_heads * head_dim)
 
 
 def swiglu_mlp(x: torch.Tensor, gate_up: StackedLinear, down_proj, act=F.silu) -> torch.Tensor:

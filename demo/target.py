@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from demo.fused import fused_runs, linear_residual, norm_gated, norm_linear
 from demo.kv_cache import KVCache
-from demo.layers import attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked, swiglu_mlp
+from demo.layers import (attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked,
+                         swiglu_mlp)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -139,6 +141,26 @@ class Target:
             stacked(att.q_proj, att.k_proj, att.v_proj)
             stacked(mlp.gate_proj, mlp.up_proj)
 
+    @staticmethod
+    def _fuse_layer(layer) -> bool:
+        """Whether a layer's weights fit demo.fused's kernels (stackable, no o_proj/down bias)."""
+        att, mlp = layer.self_attn, layer.mlp
+        return (stacked(att.q_proj, att.k_proj, att.v_proj).weight is not None
+                and stacked(mlp.gate_proj, mlp.up_proj).weight is not None
+                and getattr(att.o_proj, "bias", None) is None and getattr(mlp.down_proj, "bias", None) is None)
+
+    def _fused_layer(self, x, layer, cos, sin, k_cache, v_cache, slots, mask) -> torch.Tensor:
+        """One decoder layer through demo.fused: norm + q/k/v, RoPE and the cache write, attention,
+        o_proj + residual, norm + gate/up + silu, down + residual. x [B, q, H] -> [B, q, H]."""
+        c, att, mlp = self.config, layer.self_attn, layer.mlp
+        qkv = stacked(att.q_proj, att.k_proj, att.v_proj)
+        qs, ks, vs = norm_linear(x, layer.input_layernorm, qkv.weight, qkv.bias).split(qkv.sizes, dim=-1)
+        heads = attend_heads(qs, ks, vs, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin, k_cache, v_cache,
+                             slots, mask, getattr(att, "q_norm", None), getattr(att, "k_norm", None))
+        x = linear_residual(heads, att.o_proj.weight, x)
+        gate_up = stacked(mlp.gate_proj, mlp.up_proj)
+        return linear_residual(norm_gated(x, layer.post_attention_layernorm, gate_up.weight), mlp.down_proj.weight, x)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, aux_layers: tuple[int, ...] = (),
                 last_logits_only: bool = False, logits_rows: torch.Tensor | None = None,
                 slots: torch.Tensor | None = None, mask: torch.Tensor | None = None,
@@ -162,12 +184,16 @@ class Target:
         S = cache.capacity if attend is None else attend
         mask = causal_slot_mask(positions, S) if mask is None else mask[..., :S]  # [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
+        fused = fused_runs(x, self.act)  # demo.fused's kernels (demo.kernels "fused", on a GPU)
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 streams[i] = x
             att = layer.self_attn
             k_cache, v_cache = cache.layer(i)
             k_cache, v_cache = k_cache[:, :, :S], v_cache[:, :, :S]  # views: writes reach the cache
+            if fused and self._fuse_layer(layer):
+                x = self._fused_layer(x, layer, cos, sin, k_cache, v_cache, slots, mask)
+                continue
             h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
             x = x + attention(
                 h, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, c.num_heads, c.num_kv_heads,
@@ -179,7 +205,10 @@ class Target:
         if c.num_layers in aux_layers:
             streams[c.num_layers] = x  # id L: the last layer's output before the final norm
         hidden = rms_norm(x, self.norm.weight, self.norm.variance_epsilon)  # [B, q, H]
-        if logits_rows is not None:
+        if fused and getattr(self.lm_head, "bias", None) is None:  # the final norm in the head's kernel
+            rows = x.index_select(1, logits_rows) if logits_rows is not None else (x[:, -1:] if last_logits_only else x)
+            logits = norm_linear(rows, self.norm, self.lm_head.weight, None)  # [B, R, V]
+        elif logits_rows is not None:
             logits = linear(self.lm_head, hidden.index_select(1, logits_rows))  # [B, R, V]
         else:
             logits = linear(self.lm_head, hidden[:, -1:] if last_logits_only else hidden)

@@ -1,0 +1,143 @@
+"""A Llama-family decoder layer's projections as fused Triton kernels, each row computed alike
+whatever the forward's width (``demo.kernels`` "fused").
+
+A decoding step of a small target is launch-bound: the default one's verification forward runs
+about ten kernels a layer, most of them tiny. Here each projection is one kernel with what
+surrounds it folded in:
+
+    norm_linear        RMSNorm (the row's sum of squares in the same kernel), then x @ W^T (+ bias):
+                       the q/k/v projection
+    norm_gated         RMSNorm, then silu(x @ Wg^T) * (x @ Wu^T): the gate/up projection
+    linear_residual    residual + x @ W^T: o_proj and down
+
+so a layer is these three or four launches, RoPE with the cache write, and the attention's one or
+two (``demo.attend``). A program takes BLOCK_M rows and BLOCK_N output columns and walks the input
+in BLOCK_K steps, always in the same order, so a row's result never depends on how many rows run
+beside it (the property that lets a 1-row step and an 8-row verification compute a token alike in
+bf16; cuBLAS picks its kernel, and with it the reduction order, by the row count). Every rounding
+to the tensor dtype that the eager layer makes (the norm's cast before its weight, each linear's
+output, silu's, the product's, the residual sum's) is made here too.
+
+The ops are ``torch.library.triton_op``s: torch.compile sees their kernels, CUDA graphs capture
+them. Triton's interpreter runs them on a CPU for tests (TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from demo.kernels import HAVE_TRITON, kernels, triton_on
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+BLOCK_M = 16  # rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
+BLOCK_N = 32  # output columns a program takes
+BLOCK_K = 64  # the input step (fixed: the reduction order)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def fused_runs(x: torch.Tensor, act) -> bool:
+    """Whether a layer over x ([B, q, H]) with activation `act` takes the fused kernels."""
+    return kernels() == "fused" and triton_on(x) and x.dtype in DTYPES and act is F.silu
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [R, K] with a contiguous last dim (a view when it can be)."""
+    x = x.reshape(-1, x.shape[-1])
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def norm_linear(x: torch.Tensor, norm, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K]; norm: an RMSNorm module (weight [K], variance_epsilon); weight [N, K]; bias [N] or
+    None -> [..., N]: linear(rms_norm(x)), as demo.layers computes them."""
+    out = torch.ops.speclens.fused_linear(_rows(x), norm.weight, float(norm.variance_epsilon), weight, bias, None, False)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def norm_gated(x: torch.Tensor, norm, gate_up: torch.Tensor) -> torch.Tensor:
+    """x [..., K]; gate_up [2N, K] (gate rows, then up rows) -> [..., N]: silu(gate(n)) * up(n), n = rms_norm(x)."""
+    out = torch.ops.speclens.fused_linear(_rows(x), norm.weight, float(norm.variance_epsilon), gate_up, None, None, True)
+    return out.view(*x.shape[:-1], gate_up.shape[0] // 2)
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """x [..., K]; weight [N, K]; residual [..., N] -> residual + linear(x)."""
+    out = torch.ops.speclens.fused_linear(_rows(x), None, 0.0, weight, None, _rows(residual), False)
+    return out.view(residual.shape)
+
+
+def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kernel) -> torch.Tensor:
+    """One launch of `kernel` (``_fused_linear``, jitted or interpreted): x [R, K]; norm_weight [K] or
+    None; weight [N or 2N, K]; bias [N] or None; residual [R, N] or None -> [R, N] of x's dtype."""
+    R, K = x.shape
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    out = torch.empty(R, N, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(R, BLOCK_M), triton.cdiv(N, BLOCK_N))
+    kernel[grid](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
+                 x if residual is None else residual, out, R, K, N, eps, x.stride(0), weight.stride(0),
+                 0 if residual is None else residual.stride(0), out.stride(0),
+                 NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
+                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+    return out
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _fused_linear(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, R, K, N, eps,
+                      x_stride, w_stride, res_stride, out_stride,
+                      NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        live = rows < R
+        used = cols < N
+        dt = out_ptr.dtype.element_ty
+        x_rows = x_ptr + rows[:, None] * x_stride
+        if NORM:  # the row's sum of squares, in fp32, in BLOCK_K steps
+            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for start in range(0, K, BLOCK_K):
+                k = start + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+                squares += tl.sum(xv * xv, axis=1)
+            inv = tl.rsqrt(squares / K + eps)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            inside = k < K
+            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+            if NORM:  # rms_norm: (x * rsqrt) cast to the dtype, times the weight, rounded to the dtype
+                nw = tl.load(norm_ptr + k, mask=inside, other=0.0).to(tl.float32)
+                xv = (nw[None, :] * (xv.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)).to(dt)
+            w = tl.load(w_ptr + cols[None, :] * w_stride + k[:, None], mask=used[None, :] & inside[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(xv, w, input_precision="ieee")
+            else:
+                acc += tl.dot(xv, w)
+            if GATED:
+                wu = tl.load(w_ptr + (N + cols)[None, :] * w_stride + k[:, None], mask=used[None, :] & inside[:, None],
+                             other=0.0)
+                if IEEE:
+                    up += tl.dot(xv, wu, input_precision="ieee")
+                else:
+                    up += tl.dot(xv, wu)
+        if BIAS:
+            acc += tl.load(bias_ptr + cols, mask=used, other=0.0).to(tl.float32)[None, :]
+        y = acc.to(dt).to(tl.float32)
+        if GATED:  # silu(gate) * up, each rounded to the dtype as eager rounds it
+            act = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32)
+            y = (act * up.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if RESIDUAL:
+            r = tl.load(res_ptr + rows[:, None] * res_stride + cols[None, :], mask=live[:, None] & used[None, :],
+                        other=0.0).to(tl.float32)
+            y = r + y
+        tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(dt), mask=live[:, None] & used[None, :])
+
+    @torch.library.triton_op("speclens::fused_linear", mutates_args=())
+    def _fused_linear_op(x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, weight: torch.Tensor,
+                         bias: torch.Tensor | None, residual: torch.Tensor | None, gated: bool) -> torch.Tensor:
+        return launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated,
+                                   torch.library.wrap_triton(_fused_linear))

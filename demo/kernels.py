@@ -1,0 +1,42 @@
+"""Which kernels the forwards run on a GPU: one setting for the process, read when a forward runs
+(so a graph captured or a step compiled after a change runs the new choice).
+
+    attention  demo.attend's Triton attention; PyTorch (cuBLAS, inductor) for the rest (the default)
+    fused      demo.attend's attention and demo.fused's layer kernels: RMSNorm in the projection that
+               follows it, SiLU-and-multiply in the gate/up one, the residual in o_proj and down; each
+               row computed alike whatever the forward's width
+    torch      PyTorch throughout (SDPA's attention), for comparison
+
+On a CPU every choice runs PyTorch (Triton's interpreter, TRITON_INTERPRET=1, runs the Triton ones
+there for tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+KERNELS = ("attention", "fused", "torch")
+DEFAULT_KERNELS = "attention"
+_current = DEFAULT_KERNELS
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None  # a CPU-only install may lack it
+# Triton's interpreter (read when Triton is imported) runs the kernels on CPU tensors
+INTERPRETED = HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def set_kernels(name: str) -> None:
+    """Pick the kernels every later forward runs."""
+    global _current
+    if name not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, not {name!r}")
+    _current = name
+
+
+def kernels() -> str:
+    return _current
+
+
+def triton_on(tensor) -> bool:
+    """Whether Triton kernels can run on this tensor's device (a GPU, or the interpreter)."""
+    return HAVE_TRITON and (tensor.is_cuda or INTERPRETED)
