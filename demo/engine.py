@@ -33,7 +33,7 @@ import torch
 
 from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
-from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from demo.topk import row_topk
 from demo.tree import (TREE_SCRATCH, DraftShape, DraftTree, TreeShape, compact_path, draft_tree,
@@ -544,13 +544,14 @@ class Engine:
         k = b.k
         logits = logits[:, : k + 1]  # [1, k+1, V]: a padded target-only step's padding rows are dropped
         drafts = b.verify_tokens[0, 1 : k + 1]  # [k]
-        probs = target_probs(logits[0], params)  # [k+1, V]
+        shown = ShownProbs(logits[0], params)  # [k+1, V]
         if params.greedy:
             n, tokens = verify_greedy(drafts, logits[0])
         else:
-            n, tokens = verify_sampled(drafts, probs, generator)
-        token_probs = probs.gather(1, tokens.view(-1, 1)).view(-1)  # [k+1]
-        draft_p = probs[:k].gather(1, drafts.view(-1, 1)).view(-1)  # [k] p of each draft at its position
+            n, tokens = verify_sampled(drafts, shown.probs, generator)
+        positions = torch.arange(k + 1, device=drafts.device)  # [k+1]
+        token_probs = shown.at(positions, tokens)  # [k+1]
+        draft_p = shown.at(positions[:k], drafts)  # [k] p of each draft at its position
         # the drafter next pairs these tokens with this verification's features, at its positions
         b.catch_tokens[0].copy_(tokens)
         b.catch_positions.copy_(b.verify_positions[:, : k + 1])
@@ -561,7 +562,7 @@ class Engine:
         b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
         b.verify_positions.add_(n + 1)
         chain = torch.arange(k, device=drafts.device)  # [k] node i+1's parent is node i
-        top_values, top_ids = row_topk(probs, TOP_SHOWN)  # [k+1, TOP_SHOWN] at each emitted position
+        top_values, top_ids = shown.top(positions, TOP_SHOWN)  # [k+1, TOP_SHOWN] at each emitted position
         if k:  # the drafter's candidates at every draft position, in one softmax and one top-k
             q = torch.softmax(b.chain_logits.float(), dim=-1)  # [k, Vd]
             draft_q = q.gather(1, b.chain_logits.argmax(-1, keepdim=True)).view(-1)  # [k] q of each draft
@@ -578,16 +579,16 @@ class Engine:
         stages the catch-up over the path and the next root, and packs the result."""
         tb, shape, D = b.tree, b.shape, b.k
         tokens = b.verify_tokens[0]  # [W]
-        probs = target_probs(logits[0], params)  # [W, V]
+        shown = ShownProbs(logits[0], params)  # [W, V]
         if params.greedy:
             n, path, out = verify_tree_greedy(tokens, tb.parents, tb.depths, logits[0], D)
         elif shape.sampled:
-            n, path, out = verify_tree_q(tokens, tb.parents, tb.depths, probs, tb.q, tb.q_row, D, generator,
+            n, path, out = verify_tree_q(tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D, generator,
                                          max_children=shape.topk)
         else:
-            n, path, out = verify_tree_pointmass(tokens, tb.parents, tb.depths, probs, D, generator)
+            n, path, out = verify_tree_pointmass(tokens, tb.parents, tb.depths, shown.probs, D, generator)
         rows = torch.cat((path.new_zeros(1), path))  # [D+1] the root, then the path's nodes
-        token_probs = probs[rows, out]  # [D+1] each emitted token under the target at its parent
+        token_probs = shown.at(rows, out)  # [D+1] each emitted token under the target at its parent
         root = tb.root_slot.view(())
         compact_path(self.target.cache, root, path)
         b.catch_tokens[0].copy_(out)
@@ -597,8 +598,8 @@ class Engine:
         tb.root_token.copy_(out.index_select(0, n.view(1)))
         tb.root_slot.add_(n + 1)
         nodes = tokens[1:]  # [N]
-        node_p = probs[tb.parents[1:], nodes]  # [N] p of each node's token at its parent
-        top_values, top_ids = row_topk(probs[rows], TOP_SHOWN)  # [D+1, TOP_SHOWN] at each emitted position
+        node_p = shown.at(tb.parents[1:], nodes)  # [N] p of each node's token at its parent
+        top_values, top_ids = shown.top(rows, TOP_SHOWN)  # [D+1, TOP_SHOWN] at each emitted position
         none = torch.full((D, TOP_SHOWN), -1.0, device=self.device)  # a tree's candidates are its siblings
         b.result.copy_(pack_result(n, out, token_probs, path, nodes, tb.parents[1:], tb.draft_logq[1:].exp(), node_p,
                                    top_ids, top_values, none, none))

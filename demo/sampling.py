@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from demo.topk import row_topk
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -45,6 +47,33 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
+
+
+class ShownProbs:
+    """The target's probabilities where a step shows them (each emitted token's, each draft's, the top
+    candidates'). At T = 0 from the logits less each row's logsumexp, so no [N, V] softmax is written
+    (a tree's 97 rows over a 49,152-token vocabulary: 19 MB a step); at T > 0 from target_probs,
+    which the acceptance rules need whole anyway. logits: [N, V]."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams):
+        self.logits = logits
+        if params.greedy:
+            self.probs, self.lse = None, torch.logsumexp(logits.float(), dim=-1)  # [N]
+        else:
+            self.probs, self.lse = target_probs(logits, params), None  # [N, V]
+
+    def at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """rows, cols: [R] int64 -> [R] float32: p of token cols[i] at row rows[i]."""
+        if self.probs is not None:
+            return self.probs[rows, cols]
+        return (self.logits[rows, cols].float() - self.lse[rows]).exp()
+
+    def top(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows: [R] int64 -> (p [R, k] float32, token ids [R, k] int64): each row's k likeliest."""
+        if self.probs is not None:
+            return row_topk(self.probs[rows], k)
+        values, ids = row_topk(self.logits[rows], k)
+        return (values.float() - self.lse[rows, None]).exp(), ids
 
 
 def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor):

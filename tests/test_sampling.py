@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from demo.engine import Engine, GenerationConfig
-from demo.sampling import SamplingParams, target_probs, verify_greedy, verify_sampled
+from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from tests.tiny import six_token_target, tiny_drafter, tiny_hf
 
@@ -104,3 +104,17 @@ def test_same_seed_same_sample(mode_seed):
     a = [t for e in engine.generate([1, 2, 3], cfg) for t in e.token_ids]
     b = [t for e in engine.generate([1, 2, 3], cfg) for t in e.token_ids]
     assert a == b
+
+
+def test_shown_probabilities_are_the_softmax_without_writing_it():
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(0)) * 3
+    rows, cols = torch.tensor([0, 2, 5, 5]), torch.tensor([7, 299, 0, 150])
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9)):
+        probs = target_probs(logits, params)
+        shown = ShownProbs(logits, params)
+        assert (shown.probs is None) == params.greedy  # at T = 0 no [N, V] table is made
+        torch.testing.assert_close(shown.at(rows, cols), probs[rows, cols])
+        values, ids = shown.top(rows, 5)
+        expected = probs[rows].topk(5, dim=-1)
+        torch.testing.assert_close(values, expected.values)
+        assert torch.equal(ids, expected.indices)
