@@ -384,7 +384,8 @@ def format_report(report: dict) -> str:
         drafter += f" (drafting over {c['draft_vocab']:,} tokens)"
     mode = mode_label(c["mode"], c["compile"])
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, {shape_label(c)}, {mode}, "
-             f"{c['device']} {c['dtype']}" + (f" ({c['gpu']})" if c["gpu"] else ""),
+             f"{c['device']} {c['dtype']}" + (f" ({c['gpu']}, kernels {c.get('kernels', DEFAULT_KERNELS)})"
+                                               if c["gpu"] else ""),
              f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",
              f"warm-up: {c['warmup']} generation(s) in {t['warmup_s']:.2f} s "
              f"(graph capture/compile {t['capture_s']:.2f} s), not counted"]
