@@ -195,7 +195,6 @@ def attention(
 ) -> torch.Tensor:  # [B, q, H]
     """Self-attention over a static cache: write this step's K/V at their slots, attend to all
     slots the mask allows, project out. RoPE comes in as cos/sin of the tokens' positions."""
-    B, q, _ = x.shape
     qs, ks, vs = qkv(x)
     heads = attend_heads(qs, ks, vs, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slots, mask,
                          q_norm, k_norm)
