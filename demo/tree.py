@@ -265,12 +265,15 @@ def best_in_order(scores: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:
-    """parents: [N+1] (parents[0] = 0) -> [N+1, N+1] bool: [i, j] iff j is i or an ancestor of i."""
-    n = parents.shape[0]
-    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    """parents: [N+1] (parents[0] = 0) -> [N+1, N+1] bool: [i, j] iff j is i or an ancestor of i.
+    Each node's chain of ancestors is `depth` gathers of a vector (the root's parent is the root), then
+    one comparison: compiled, one or two kernels, where squaring the relation took one a level."""
+    at = torch.arange(parents.shape[0], device=parents.device)
+    chain = [at]
     for _ in range(depth):
-        anc = anc | anc[parents]
-    return anc
+        chain.append(parents[chain[-1]])
+    chain = torch.stack(chain, dim=1)  # [N+1, depth+1]: the node, its parent, its grandparent, ...
+    return (chain[:, :, None] == at[None, None, :]).any(dim=1)
 
 
 def tree_attention_mask(parents: torch.Tensor, depth: int, root_slot: torch.Tensor, num_slots: int) -> torch.Tensor:

@@ -174,6 +174,22 @@ def test_ancestors_and_the_mask_of_a_hand_made_tree():
     assert mask[0].tolist() == [True] * 4 + [False] * 6
 
 
+def test_ancestors_of_random_trees_are_each_nodes_walk_to_the_root():
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 9, 97):
+        parents = torch.tensor([0] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+        depth = 0
+        expected = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):  # walk up from each node
+            j, steps = i, 0
+            expected[i, j] = True
+            while j:
+                j, steps = int(parents[j]), steps + 1
+                expected[i, j] = True
+            depth = max(depth, steps)
+        assert torch.equal(ancestors(parents, depth), expected)
+
+
 def test_a_tree_shape_that_cannot_be_drafted_is_refused():
     with pytest.raises(ValueError, match="verifies"):
         DraftShape.of(3, TreeShape(2, 20), False).check()  # 2 + 2*4 = 10 candidates, 19 asked
