@@ -301,6 +301,7 @@ def run_table(argv: list[str]) -> str:
     """Load once, measure every row of the device's plan on the same prompts; returns the table."""
     from demo.bench import load_questions, parse_args
     from demo.checkpoints import load_drafter
+    from demo.kernels import set_kernels
     from demo.loading import load_target
     from demo.presets import bundled_drafter_dir
     from demo.prompts import chat_ids
@@ -308,6 +309,7 @@ def run_table(argv: list[str]) -> str:
 
     argv, methods = _drafters_flag(argv)
     base = parse_args([*argv, "--method", "none"])
+    set_kernels(base.kernels)  # before anything is captured or compiled
     questions = load_questions(base)
     hf, tokenizer = load_target(base.target, device=base.device, dtype=base.dtype)
     target = Target(hf)
