@@ -5,18 +5,22 @@ A decoding step of a small target is launch-bound: the default one's verificatio
 about ten kernels a layer, most of them tiny. Here each projection is one kernel with what
 surrounds it folded in:
 
-    norm_linear        RMSNorm (the row's sum of squares in the same kernel), then x @ W^T (+ bias):
-                       the q/k/v projection
+    norm_qkv_rope      RMSNorm (the row's sum of squares in the same kernel), x @ W^T (+ bias) over
+                       the stacked q/k/v weight, RoPE on q and k (a program takes both halves of a
+                       head), k and v written into the cache at their slots; q comes back
+    norm_linear        the same without RoPE (heads rope_fits refuses: under 32, or Qwen3's per-head
+                       q/k norms), and the final norm with the head
     norm_gated         RMSNorm, then silu(x @ Wg^T) * (x @ Wu^T): the gate/up projection
     linear_residual    residual + x @ W^T: o_proj and down
 
-so a layer is these three or four launches, RoPE with the cache write, and the attention's one or
-two (``demo.attend``). A program takes BLOCK_M rows and BLOCK_N output columns and walks the input
-in BLOCK_K steps, always in the same order, so a row's result never depends on how many rows run
-beside it (the property that lets a 1-row step and an 8-row verification compute a token alike in
-bf16; cuBLAS picks its kernel, and with it the reduction order, by the row count). Every rounding
-to the tensor dtype that the eager layer makes (the norm's cast before its weight, each linear's
-output, silu's, the product's, the residual sum's) is made here too.
+so a layer is four launches and the attention's one or two (``demo.attend``). A program takes
+BLOCK_M rows and a block of output columns and walks the input in BLOCK_K steps, always in the same
+order, so a row's result never depends on how many rows run beside it (the property that lets a
+1-row step and an 8-row verification compute a token alike in bf16; cuBLAS picks its kernel, and
+with it the reduction order, by the row count). Every rounding to the tensor dtype that the eager
+layer makes (the norm's cast before its weight, each linear's output, RoPE's products and sum,
+silu's, the product's, the residual sum's) is made here too. norm_qkv_rope writes the caches in
+place (the op says so, ``mutates_args``).
 
 The ops are ``torch.library.triton_op``s: torch.compile sees their kernels, CUDA graphs capture
 them. Triton's interpreter runs them on a CPU for tests (TRITON_INTERPRET=1).
@@ -67,6 +71,42 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     """x [..., K]; weight [N, K]; residual [..., N] -> residual + linear(x)."""
     out = torch.ops.speclens.fused_linear(_rows(x), None, 0.0, weight, None, _rows(residual), False)
     return out.view(residual.shape)
+
+
+def rope_fits(head_dim: int, q_norm) -> bool:
+    """Whether norm_qkv_rope takes a layer: RoPE over two halves of a power-of-two head of at least 32
+    (``tl.dot`` takes 16-wide blocks), and no per-head q/k norms (Qwen3's) between projection and RoPE."""
+    return q_norm is None and head_dim >= 32 and head_dim & (head_dim - 1) == 0
+
+
+def norm_qkv_rope(x: torch.Tensor, norm, weight: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor,
+                  sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  num_heads: int) -> torch.Tensor:
+    """The attention's input in one launch: rms_norm(x) through the stacked q/k/v weight, RoPE on q
+    and k, k and v written into the caches at `slots`. x [B, q, H]; weight [(nh + 2 nkv) hd, H];
+    cos, sin [B, 1, q, hd]; slots [B, q]; k_cache, v_cache [B, nkv, S, hd] (written in place)
+    -> q [B, q, nh, hd], rotated."""
+    B, M, _ = x.shape
+    hd = k_cache.shape[-1]
+    q = torch.ops.speclens.norm_qkv_rope(_rows(x), norm.weight, float(norm.variance_epsilon), weight, bias,
+                                         cos.reshape(B * M, hd), sin.reshape(B * M, hd), slots.reshape(-1),
+                                         k_cache, v_cache, num_heads, M)
+    return q.view(B, M, num_heads, hd)
+
+
+def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache, v_cache, num_heads, rows_per_batch,
+                    kernel) -> torch.Tensor:
+    """One launch of `kernel` (``_qkv_rope``): shapes as norm_qkv_rope's, rows flattened -> q [R, nh, hd]."""
+    R, K = x.shape
+    nkv, hd = k_cache.shape[1], k_cache.shape[3]
+    q = torch.empty(R, num_heads, hd, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(R, BLOCK_M), num_heads + 2 * nkv)
+    kernel[grid](x, norm_weight, weight, x if bias is None else bias, cos, sin, slots, k_cache, v_cache, q,
+                 R, K, eps, rows_per_batch, num_heads, nkv, x.stride(0), weight.stride(0), cos.stride(0),
+                 sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                 BIAS=bias is not None, HALF=hd // 2, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+    return q
 
 
 def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kernel) -> torch.Tensor:
@@ -135,6 +175,80 @@ if HAVE_TRITON:
                         other=0.0).to(tl.float32)
             y = r + y
         tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(dt), mask=live[:, None] & used[None, :])
+
+    @triton.jit
+    def _qkv_rope(x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr,
+                  R, K, eps, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
+                  k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                  BIAS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                  IEEE: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        head = tl.program_id(1)  # q heads, then k heads, then v heads: the stacked weight's order
+        live = rows < R
+        half = tl.arange(0, HALF)
+        first = head * 2 * HALF + half  # the head's two halves of columns
+        second = first + HALF
+        dt = q_ptr.dtype.element_ty
+        x_rows = x_ptr + rows[:, None] * x_stride
+        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+            squares += tl.sum(xv * xv, axis=1)
+        inv = tl.rsqrt(squares / K + eps)
+        a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            inside = k < K
+            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)
+            nw = tl.load(norm_ptr + k, mask=inside, other=0.0).to(tl.float32)
+            xv = (nw[None, :] * (xv.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)).to(dt)
+            wa = tl.load(w_ptr + first[None, :] * w_stride + k[:, None], mask=inside[:, None], other=0.0)
+            wb = tl.load(w_ptr + second[None, :] * w_stride + k[:, None], mask=inside[:, None], other=0.0)
+            if IEEE:
+                a += tl.dot(xv, wa, input_precision="ieee")
+                b += tl.dot(xv, wb, input_precision="ieee")
+            else:
+                a += tl.dot(xv, wa)
+                b += tl.dot(xv, wb)
+        if BIAS:
+            a += tl.load(bias_ptr + first).to(tl.float32)[None, :]
+            b += tl.load(bias_ptr + second).to(tl.float32)[None, :]
+        a = a.to(dt).to(tl.float32)  # the projection's output, rounded as eager rounds it
+        b = b.to(dt).to(tl.float32)
+        if head < NH + NKV:  # RoPE (rotate-half): [a, b] * cos + [-b, a] * sin, each product and sum rounded
+            c1 = tl.load(cos_ptr + rows[:, None] * cos_stride + half[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + rows[:, None] * cos_stride + HALF + half[None, :], mask=live[:, None],
+                         other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + rows[:, None] * sin_stride + half[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + rows[:, None] * sin_stride + HALF + half[None, :], mask=live[:, None],
+                         other=0.0).to(tl.float32)
+            ra = ((a * c1).to(dt).to(tl.float32) + (-b * s1).to(dt).to(tl.float32)).to(dt)
+            rb = ((b * c2).to(dt).to(tl.float32) + (a * s2).to(dt).to(tl.float32)).to(dt)
+        else:
+            ra = a.to(dt)
+            rb = b.to(dt)
+        if head < NH:
+            out = q_ptr + (rows[:, None] * NH + head) * 2 * HALF + half[None, :]
+            tl.store(out, ra, mask=live[:, None])
+            tl.store(out + HALF, rb, mask=live[:, None])
+        else:
+            slot = tl.load(slot_ptr + rows, mask=live, other=0)
+            batch = rows // M
+            if head < NH + NKV:
+                out = k_ptr + batch[:, None] * k_sb + (head - NH) * k_sh + slot[:, None] * k_ss + half[None, :]
+            else:
+                out = v_ptr + batch[:, None] * v_sb + (head - NH - NKV) * v_sh + slot[:, None] * v_ss + half[None, :]
+            tl.store(out, ra, mask=live[:, None])
+            tl.store(out + HALF, rb, mask=live[:, None])
+
+    @torch.library.triton_op("speclens::norm_qkv_rope", mutates_args=("k_cache", "v_cache"))
+    def _qkv_rope_op(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                     bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, rows_per_batch: int) -> torch.Tensor:
+        return launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache, v_cache, num_heads,
+                               rows_per_batch, torch.library.wrap_triton(_qkv_rope))
 
     @torch.library.triton_op("speclens::fused_linear", mutates_args=())
     def _fused_linear_op(x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, weight: torch.Tensor,

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from demo.fused import fused_runs, linear_residual, norm_gated, norm_linear
+from demo.attend import attend
+from demo.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
 from demo.kv_cache import KVCache
 from demo.layers import (attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked,
                          swiglu_mlp)
@@ -150,13 +151,21 @@ class Target:
                 and getattr(att.o_proj, "bias", None) is None and getattr(mlp.down_proj, "bias", None) is None)
 
     def _fused_layer(self, x, layer, cos, sin, k_cache, v_cache, slots, mask) -> torch.Tensor:
-        """One decoder layer through demo.fused: norm + q/k/v, RoPE and the cache write, attention,
-        o_proj + residual, norm + gate/up + silu, down + residual. x [B, q, H] -> [B, q, H]."""
+        """One decoder layer through demo.fused: norm + q/k/v + RoPE + the cache write (RoPE and the
+        write apart for heads rope_fits refuses), attention, o_proj + residual, norm + gate/up + silu,
+        down + residual. x [B, q, H] -> [B, q, H]."""
         c, att, mlp = self.config, layer.self_attn, layer.mlp
         qkv = stacked(att.q_proj, att.k_proj, att.v_proj)
-        qs, ks, vs = norm_linear(x, layer.input_layernorm, qkv.weight, qkv.bias).split(qkv.sizes, dim=-1)
-        heads = attend_heads(qs, ks, vs, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin, k_cache, v_cache,
-                             slots, mask, getattr(att, "q_norm", None), getattr(att, "k_norm", None))
+        q_norm = getattr(att, "q_norm", None)
+        if rope_fits(c.head_dim, q_norm):  # RoPE and the cache write in the projection's kernel
+            B, q, _ = x.shape
+            qs = norm_qkv_rope(x, layer.input_layernorm, qkv.weight, qkv.bias, cos, sin, slots, k_cache, v_cache,
+                               c.num_heads)  # [B, q, nh, hd]
+            heads = attend(qs.transpose(1, 2), k_cache, v_cache, mask).transpose(1, 2).reshape(B, q, -1)
+        else:
+            qs, ks, vs = norm_linear(x, layer.input_layernorm, qkv.weight, qkv.bias).split(qkv.sizes, dim=-1)
+            heads = attend_heads(qs, ks, vs, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin, k_cache, v_cache,
+                                 slots, mask, q_norm, getattr(att, "k_norm", None))
         x = linear_residual(heads, att.o_proj.weight, x)
         gate_up = stacked(mlp.gate_proj, mlp.up_proj)
         return linear_residual(norm_gated(x, layer.post_attention_layernorm, gate_up.weight), mlp.down_proj.weight, x)

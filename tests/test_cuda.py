@@ -315,10 +315,13 @@ def fused_kernels():
     set_kernels(DEFAULT_KERNELS)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+HEADS_OF_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # RoPE in the q/k/v kernel (demo.fused.rope_fits)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-heads-of-32", "qwen2", "qwen3"])
 def test_fused_layers_give_the_reference_forwards_logits_on_a_gpu(kind, fused_kernels):
     from demo.kernels import set_kernels
-    hf = tiny_hf(kind).to("cuda", torch.bfloat16)
+    hf = (tiny_hf("llama", **HEADS_OF_32) if kind == "llama-heads-of-32" else tiny_hf(kind)).to("cuda", torch.bfloat16)
     target = Target(hf)
     target.setup_cache(128)
     tokens = torch.tensor([PROMPT], device="cuda")
@@ -331,7 +334,7 @@ def test_fused_layers_give_the_reference_forwards_logits_on_a_gpu(kind, fused_ke
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
 def test_fused_layers_keep_graph_mode_and_compile_token_identical_to_eager(tree, fused_kernels):
-    hf = tiny_hf("llama").to("cuda", torch.bfloat16)
+    hf = tiny_hf("llama", **HEADS_OF_32).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
     outs = []
@@ -345,7 +348,7 @@ def test_with_fused_layers_a_bf16_chain_gives_one_row_target_onlys_tokens_on_a_g
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed (chains; a tree's
     # ancestors sit at other slots than target-only's, and attention sums them in another order)
-    hf = tiny_hf("llama", vocab_size=2000).to("cuda", torch.bfloat16)
+    hf = tiny_hf("llama", vocab_size=2000, **HEADS_OF_32).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target)
     for seed in range(4):

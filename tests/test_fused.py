@@ -51,10 +51,44 @@ def check_ops() -> None:
                 assert torch.equal(alone[0], together[row]), (name, R, row)
 
 
+def check_qkv_rope() -> None:
+    """norm_qkv_rope gives eager's q (rotated) and writes eager's k (rotated) and v at each row's slot,
+    touching no other slot; each row's q the same bits alone as beside others."""
+    from demo import fused
+    from demo.layers import apply_rope, rms_norm
+
+    g = torch.Generator().manual_seed(1)
+    B, M, H, nh, nkv, hd, S = 2, 5, 48, 4, 2, 32, 40
+    x = torch.randn(B, M, H, generator=g)
+    norm = SimpleNamespace(weight=1 + 0.1 * torch.randn(H, generator=g), variance_epsilon=1e-5)
+    w = torch.randn((nh + 2 * nkv) * hd, H, generator=g) / H ** 0.5
+    bias = torch.randn((nh + 2 * nkv) * hd, generator=g)
+    angles = torch.rand(B, 1, M, hd // 2, generator=g) * 6
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    slots = torch.tensor([[3, 9, 4, 20, 31], [0, 1, 2, 39, 7]])
+    k_cache, v_cache = torch.zeros(B, nkv, S + 8, hd)[:, :, :S], torch.zeros(B, nkv, S + 8, hd)[:, :, :S]
+    q = fused.norm_qkv_rope(x, norm, w, bias, cos, sin, slots, k_cache, v_cache, nh)
+    qs, ks, vs = torch.nn.functional.linear(rms_norm(x, norm.weight, 1e-5), w, bias).split(
+        (nh * hd, nkv * hd, nkv * hd), dim=-1)
+    q_ref = apply_rope(qs.view(B, M, nh, hd).transpose(1, 2), cos, sin).transpose(1, 2)
+    k_ref = apply_rope(ks.view(B, M, nkv, hd).transpose(1, 2), cos, sin)  # [B, nkv, M, hd]
+    torch.testing.assert_close(q, q_ref, atol=1e-5, rtol=1e-5)
+    written = torch.zeros(B, S, dtype=torch.bool)
+    for b in range(B):
+        for m in range(M):
+            written[b, slots[b, m]] = True
+            torch.testing.assert_close(k_cache[b, :, slots[b, m]], k_ref[b, :, m], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v_cache[b, :, slots[b, m]], vs.view(B, M, nkv, hd)[b, m], atol=1e-5, rtol=1e-5)
+    assert bool((k_cache.abs().sum(-1)[~written[:, None, :].expand(B, nkv, S)] == 0).all())
+    alone = fused.norm_qkv_rope(x[:1, 2:3], norm, w, bias, cos[:1, :, 2:3], sin[:1, :, 2:3], slots[:1, 2:3],
+                                k_cache[:1], v_cache[:1], nh)
+    assert torch.equal(alone[0, 0], q[0, 2])
+
+
 def check_generations() -> None:
     """Whole generations through the fused layers (and the fused head) give transformers' greedy
     tokens: target-only, a chain and a tree on Llama; target-only on Qwen2 (q/k/v biases) and Qwen3
-    (q/k norms)."""
+    (q/k norms: RoPE outside the projection's kernel)."""
     from demo import fused
     from demo.engine import Engine
     from demo.kernels import set_kernels
@@ -62,16 +96,17 @@ def check_generations() -> None:
     from demo.tree import TreeShape
     from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
 
-    calls = []
+    calls = []  # the fused layers ran: every forward ends in the fused head
     original = fused.norm_linear
-    fused.norm_linear = lambda *a: calls.append(1) or original(*a)
     import demo.target
-    demo.target.norm_linear = fused.norm_linear
+    demo.target.norm_linear = lambda *a: calls.append(1) or original(*a)
     prompt = [1, 17, 99, 4, 250, 31, 8]
     set_kernels("fused")
     runs = (("none", 0, None), ("eagle", 3, None), ("eagle3", 3, TreeShape(3, 8)))
     for kind in ("llama", "qwen2", "qwen3"):  # four layers: the interpreter is slow
-        hf = tiny_hf(kind, num_hidden_layers=4)
+        # heads of 32 (Llama, Qwen2: RoPE in the projection's kernel); Qwen3's q/k norms take it apart
+        hf = tiny_hf(kind, num_hidden_layers=4, **({} if kind == "qwen3" else dict(num_attention_heads=2,
+                                                                                   num_key_value_heads=1)))
         ref = hf_greedy(hf, prompt, 12)
         target = Target(hf)
         for method, k, tree in runs if kind == "llama" else runs[:1]:
@@ -85,6 +120,10 @@ def check_generations() -> None:
 
 def test_fused_ops_match_the_eager_layer_and_compute_each_row_alone():
     _run_interpreted("from tests.test_fused import check_ops\ncheck_ops()")
+
+
+def test_rope_and_the_cache_write_in_the_projections_kernel_match_the_eager_layer():
+    _run_interpreted("from tests.test_fused import check_qkv_rope\ncheck_qkv_rope()")
 
 
 def test_generations_through_the_fused_layers_keep_target_greedy_tokens():
