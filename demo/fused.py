@@ -126,6 +126,31 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
 
 if HAVE_TRITON:
     @triton.jit
+    def _inv_rms(x_rows, live, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        """[BLOCK_M] 1 / the RMS of each row, its sum of squares taken in fp32 in BLOCK_K steps."""
+        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+            squares += tl.sum(xv * xv, axis=1)
+        return tl.rsqrt(squares / K + eps)
+
+    @triton.jit
+    def _normed(xv, norm_ptr, k, inside, inv):
+        """rms_norm of a [BLOCK_M, BLOCK_K] block: (x / RMS) cast to x's dtype, times the weight, rounded."""
+        nw = tl.load(norm_ptr + k, mask=inside, other=0.0).to(tl.float32)
+        return (nw[None, :] * (xv.to(tl.float32) * inv[:, None]).to(xv.dtype).to(tl.float32)).to(xv.dtype)
+
+    @triton.jit
+    def _dot(a, b, IEEE: tl.constexpr):
+        """a @ b accumulated in fp32; fp32 inputs multiplied as fp32 (not TF32)."""
+        if IEEE:
+            out = tl.dot(a, b, input_precision="ieee")
+        else:
+            out = tl.dot(a, b)
+        return out
+
+    @triton.jit
     def _fused_linear(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, R, K, N, eps,
                       x_stride, w_stride, res_stride, out_stride,
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
@@ -136,34 +161,22 @@ if HAVE_TRITON:
         used = cols < N
         dt = out_ptr.dtype.element_ty
         x_rows = x_ptr + rows[:, None] * x_stride
-        if NORM:  # the row's sum of squares, in fp32, in BLOCK_K steps
-            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for start in range(0, K, BLOCK_K):
-                k = start + tl.arange(0, BLOCK_K)
-                xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-                squares += tl.sum(xv * xv, axis=1)
-            inv = tl.rsqrt(squares / K + eps)
+        if NORM:
+            inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             inside = k < K
             xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
-            if NORM:  # rms_norm: (x * rsqrt) cast to the dtype, times the weight, rounded to the dtype
-                nw = tl.load(norm_ptr + k, mask=inside, other=0.0).to(tl.float32)
-                xv = (nw[None, :] * (xv.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)).to(dt)
+            if NORM:
+                xv = _normed(xv, norm_ptr, k, inside, inv)
             w = tl.load(w_ptr + cols[None, :] * w_stride + k[:, None], mask=used[None, :] & inside[:, None], other=0.0)
-            if IEEE:
-                acc += tl.dot(xv, w, input_precision="ieee")
-            else:
-                acc += tl.dot(xv, w)
+            acc += _dot(xv, w, IEEE)
             if GATED:
                 wu = tl.load(w_ptr + (N + cols)[None, :] * w_stride + k[:, None], mask=used[None, :] & inside[:, None],
                              other=0.0)
-                if IEEE:
-                    up += tl.dot(xv, wu, input_precision="ieee")
-                else:
-                    up += tl.dot(xv, wu)
+                up += _dot(xv, wu, IEEE)
         if BIAS:
             acc += tl.load(bias_ptr + cols, mask=used, other=0.0).to(tl.float32)[None, :]
         y = acc.to(dt).to(tl.float32)
@@ -190,28 +203,18 @@ if HAVE_TRITON:
         second = first + HALF
         dt = q_ptr.dtype.element_ty
         x_rows = x_ptr + rows[:, None] * x_stride
-        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            k = start + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-            squares += tl.sum(xv * xv, axis=1)
-        inv = tl.rsqrt(squares / K + eps)
+        inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
         a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
         b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             inside = k < K
-            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)
-            nw = tl.load(norm_ptr + k, mask=inside, other=0.0).to(tl.float32)
-            xv = (nw[None, :] * (xv.to(tl.float32) * inv[:, None]).to(dt).to(tl.float32)).to(dt)
+            xv = _normed(tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0), norm_ptr, k,
+                         inside, inv)
             wa = tl.load(w_ptr + first[None, :] * w_stride + k[:, None], mask=inside[:, None], other=0.0)
             wb = tl.load(w_ptr + second[None, :] * w_stride + k[:, None], mask=inside[:, None], other=0.0)
-            if IEEE:
-                a += tl.dot(xv, wa, input_precision="ieee")
-                b += tl.dot(xv, wb, input_precision="ieee")
-            else:
-                a += tl.dot(xv, wa)
-                b += tl.dot(xv, wb)
+            a += _dot(xv, wa, IEEE)
+            b += _dot(xv, wb, IEEE)
         if BIAS:
             a += tl.load(bias_ptr + first).to(tl.float32)[None, :]
             b += tl.load(bias_ptr + second).to(tl.float32)[None, :]
