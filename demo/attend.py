@@ -8,16 +8,16 @@ boolean mask allows: causal over slots, or a tree's ancestors at scattered slots
 for a tree drafter's 8 rows over 512 slots (docs/runs/2026-12-02-tree-propose-topk.md): a verification
 of the default target pays it 30 times a step.
 
-``attend`` runs split-slot attention in Triton on a GPU instead (flash-decoding's scheme): a program
-takes BLOCK_M query rows of one KV head (GQA's query heads of a KV head packed as rows, so each K/V
-block is read once for all of them) and SPLIT slots, keeps an online softmax over BLOCK_N-slot blocks,
-and writes its unnormalised sum with its running max and total; a second kernel weighs the splits
-together. Over one split the first kernel writes the output itself. A row's result depends on its
+``attend`` runs split-slot attention in Triton on a GPU instead, when ``demo.kernels`` says
+"attention" or "fused" (flash-decoding's scheme): a program takes BLOCK_M query rows of one KV head
+(GQA's query heads of a KV head packed as rows, so each K/V block is read once for all of them) and
+SPLIT slots, keeps an online softmax over BLOCK_N-slot blocks, and writes its unnormalised sum with
+its running max and total; a second kernel weighs the splits together. Over one split the first kernel writes the output itself. A row's result depends on its
 own query, mask row, the cache and SPLIT only, never on how many rows run beside it. The output
 comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output projection
 reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA graphs capture
 them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a CPU, for head
-sizes ``tl.dot`` cannot take, or with ``demo.kernels`` set to "torch", SDPA runs as before.
+sizes ``tl.dot`` cannot take, or with ``demo.kernels`` at "torch" (its default), SDPA runs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Which kernels the forwards run on a GPU: one setting for the process, read when a forward runs
 (so a graph captured or a step compiled after a change runs the new choice).
 
-    attention  demo.attend's Triton attention; PyTorch (cuBLAS, inductor) for the rest (the default)
+    attention  demo.attend's Triton attention; PyTorch (cuBLAS, inductor) for the rest
     fused      demo.attend's attention and demo.fused's layer kernels: RMSNorm in the projection that
-               follows it, SiLU-and-multiply in the gate/up one, the residual in o_proj and down; each
-               row computed alike whatever the forward's width
-    torch      PyTorch throughout (SDPA's attention), for comparison
+               follows it, RoPE and the cache write in q/k/v's, SiLU-and-multiply in gate/up's, the
+               residual in o_proj's and down's; each row computed alike whatever the forward's width
+    torch      PyTorch throughout (SDPA's attention): the default until the Triton kernels have
+               been measured on a GPU (they have run only in Triton's interpreter so far)
 
 On a CPU every choice runs PyTorch (Triton's interpreter, TRITON_INTERPRET=1, runs the Triton ones
 there for tests).
@@ -17,7 +18,7 @@ import importlib.util
 import os
 
 KERNELS = ("attention", "fused", "torch")
-DEFAULT_KERNELS = "attention"
+DEFAULT_KERNELS = "torch"
 _current = DEFAULT_KERNELS
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # a CPU-only install may lack it

@@ -85,21 +85,22 @@ def _cuda_query(hd):  # what triton_runs reads of a query on a GPU
     return SimpleNamespace(shape=(1, 4, 2, hd), is_cuda=True, dtype=torch.bfloat16)
 
 
-def test_kernels_setting_refuses_an_unknown_name_and_torch_turns_the_kernels_off(monkeypatch):
+def test_kernels_setting_refuses_an_unknown_name_and_torch_turns_the_kernels_off():
     from demo import kernels as kernels_module
 
     with pytest.raises(ValueError, match="must be one of"):
         kernels_module.set_kernels("flash")
     q = _cuda_query(64)
-    assert kernels_module.kernels() == kernels_module.DEFAULT_KERNELS and attend_module.triton_runs(q)
+    assert kernels_module.kernels() == kernels_module.DEFAULT_KERNELS
     try:
         kernels_module.set_kernels("torch")
         assert not attend_module.triton_runs(q)
-        kernels_module.set_kernels("fused")
-        assert attend_module.triton_runs(q)
+        for name in ("attention", "fused"):
+            kernels_module.set_kernels(name)
+            assert attend_module.triton_runs(q)
+        assert not attend_module.triton_runs(_cuda_query(48))  # tl.dot takes powers of two
     finally:
         kernels_module.set_kernels(kernels_module.DEFAULT_KERNELS)
-    assert not attend_module.triton_runs(_cuda_query(48))  # tl.dot takes powers of two
 
 
 def check_engine_lossless() -> None:
@@ -122,7 +123,7 @@ def check_engine_lossless() -> None:
 
 
 def test_generations_through_the_kernels_keep_target_greedy_tokens():
-    code = ("from demo import kernels\nassert kernels.INTERPRETED\n"
+    code = ("from demo import kernels\nassert kernels.INTERPRETED\nkernels.set_kernels('attention')\n"
             "import tests.test_attend as t\nt.check_engine_lossless()\nprint('checked')")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)

@@ -258,8 +258,16 @@ def _attention_inputs(M, S, dtype, tree, seed=0):
     return q, k, v, mask
 
 
+@pytest.fixture
+def attention_kernels():
+    from demo.kernels import DEFAULT_KERNELS, set_kernels
+    set_kernels("attention")
+    yield
+    set_kernels(DEFAULT_KERNELS)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtype):
+def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtype, attention_kernels):
     import torch.nn.functional as F
 
     from demo.attend import attend, triton_runs
@@ -280,7 +288,7 @@ def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtyp
         assert torch.equal(buf, out), (M, S)  # the same kernels compiled and captured
 
 
-def test_triton_attention_computes_each_row_alone_on_a_gpu():
+def test_triton_attention_computes_each_row_alone_on_a_gpu(attention_kernels):
     # a row's output is bitwise the same whatever rows run beside it (1, 8 or 97): its arithmetic
     # never depends on the forward's width, as exact decoding across widths needs
     from demo.attend import attend
@@ -332,8 +340,11 @@ def test_fused_layers_give_the_reference_forwards_logits_on_a_gpu(kind, fused_ke
     torch.testing.assert_close(fused, reference, atol=6e-2, rtol=6e-2)
 
 
+@pytest.mark.parametrize("kernels", ["attention", "fused"])
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
-def test_fused_layers_keep_graph_mode_and_compile_token_identical_to_eager(tree, fused_kernels):
+def test_triton_kernels_keep_graph_mode_and_compile_token_identical_to_eager(tree, kernels, fused_kernels):
+    from demo.kernels import set_kernels
+    set_kernels(kernels)  # the fixture puts the default back
     hf = tiny_hf("llama", **HEADS_OF_32).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
