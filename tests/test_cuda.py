@@ -259,11 +259,16 @@ def _attention_inputs(M, S, dtype, tree, seed=0):
 
 
 @pytest.fixture
-def attention_kernels():
+def restore_kernels():
+    """Puts demo.kernels back to its default after a test that picks other kernels."""
     from demo.kernels import DEFAULT_KERNELS, set_kernels
-    set_kernels("attention")
-    yield
+    yield set_kernels
     set_kernels(DEFAULT_KERNELS)
+
+
+@pytest.fixture
+def attention_kernels(restore_kernels):
+    restore_kernels("attention")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -298,53 +303,46 @@ def test_triton_attention_computes_each_row_alone_on_a_gpu(attention_kernels):
         assert torch.equal(attend(q[:, :, rows], k, v, mask[:, :, rows]), together[:, :, rows])
 
 
-def test_the_target_forward_with_triton_attention_gives_sdpas_logits_on_a_gpu():
-    from demo.kernels import DEFAULT_KERNELS, set_kernels
+def test_the_target_forward_with_triton_attention_gives_sdpas_logits_on_a_gpu(restore_kernels):
     hf = tiny_hf("llama").to("cuda", torch.bfloat16)
     target = Target(hf)
     target.setup_cache(128)
     tokens = torch.tensor([PROMPT], device="cuda")
     positions = torch.arange(len(PROMPT), device="cuda").view(1, -1)
     logits = {}
-    try:
-        for name in ("torch", "attention"):
-            set_kernels(name)
-            logits[name] = target.forward(tokens, positions).logits.float()
-    finally:
-        set_kernels(DEFAULT_KERNELS)
+    for name in ("torch", "attention"):
+        restore_kernels(name)
+        logits[name] = target.forward(tokens, positions).logits.float()
     torch.testing.assert_close(logits["attention"], logits["torch"], atol=5e-2, rtol=5e-2)
 
 
 @pytest.fixture
-def fused_kernels():
-    from demo.kernels import DEFAULT_KERNELS, set_kernels
-    set_kernels("fused")
-    yield
-    set_kernels(DEFAULT_KERNELS)
+def fused_kernels(restore_kernels):
+    restore_kernels("fused")
 
 
 HEADS_OF_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # RoPE in the q/k/v kernel (demo.fused.rope_fits)
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-heads-of-32", "qwen2", "qwen3"])
-def test_fused_layers_give_the_reference_forwards_logits_on_a_gpu(kind, fused_kernels):
-    from demo.kernels import set_kernels
+def test_fused_layers_give_the_reference_forwards_logits_on_a_gpu(kind, restore_kernels):
+    restore_kernels("fused")
     hf = (tiny_hf("llama", **HEADS_OF_32) if kind == "llama-heads-of-32" else tiny_hf(kind)).to("cuda", torch.bfloat16)
     target = Target(hf)
     target.setup_cache(128)
     tokens = torch.tensor([PROMPT], device="cuda")
     positions = torch.arange(len(PROMPT), device="cuda").view(1, -1)
     fused = target.forward(tokens, positions).logits.float()
-    set_kernels("torch")
+    restore_kernels("torch")
     reference = target.forward(tokens, positions).logits.float()
     torch.testing.assert_close(fused, reference, atol=6e-2, rtol=6e-2)
 
 
 @pytest.mark.parametrize("kernels", ["attention", "fused"])
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
-def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_chain_compiled_too(tree, kernels, fused_kernels):
-    from demo.kernels import set_kernels
-    set_kernels(kernels)  # the fixture puts the default back
+def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_chain_compiled_too(tree, kernels,
+                                                                                              restore_kernels):
+    restore_kernels(kernels)
     hf = tiny_hf("llama", **HEADS_OF_32).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
