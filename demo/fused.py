@@ -126,7 +126,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
 
 if HAVE_TRITON:
     @triton.jit
-    def _inv_rms(x_rows, live, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _inv_rms(x_rows, live, K, eps: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         """[BLOCK_M] 1 / the RMS of each row, its sum of squares taken in fp32 in BLOCK_K steps."""
         squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
@@ -151,7 +151,7 @@ if HAVE_TRITON:
         return out
 
     @triton.jit
-    def _fused_linear(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, R, K, N, eps,
+    def _fused_linear(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, R, K, N, eps: tl.constexpr,
                       x_stride, w_stride, res_stride, out_stride,
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
@@ -191,7 +191,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _qkv_rope(x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr,
-                  R, K, eps, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
+                  R, K, eps: tl.constexpr, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
                   k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                   BIAS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                   IEEE: tl.constexpr):
