@@ -22,8 +22,12 @@ layer makes (the norm's cast before its weight, each linear's output, RoPE's pro
 silu's, the product's, the residual sum's) is made here too. norm_qkv_rope writes the caches in
 place (the op says so, ``mutates_args``).
 
-The ops are ``torch.library.triton_op``s: torch.compile sees their kernels, CUDA graphs capture
-them. Triton's interpreter runs them on a CPU for tests (TRITON_INTERPRET=1).
+The projections are ``torch.library.triton_op``s: torch.compile sees their kernels. norm_qkv_rope,
+which writes into the cache, is a plain ``custom_op``: the compiler never traces into it and
+functionalizes its in-place writes as it does PyTorch's own (as a triton_op, a compiled fused chain
+gave other tokens than eager on the H200; `tests/test_cuda.py` holds a compiled fused forward to
+eager's logits and cache, bit for bit). CUDA graphs capture them all. Triton's interpreter runs them
+on a CPU for tests (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -246,12 +250,16 @@ if HAVE_TRITON:
             tl.store(out, ra, mask=live[:, None])
             tl.store(out + HALF, rb, mask=live[:, None])
 
-    @torch.library.triton_op("speclens::norm_qkv_rope", mutates_args=("k_cache", "v_cache"))
+    @torch.library.custom_op("speclens::norm_qkv_rope", mutates_args=("k_cache", "v_cache"))
     def _qkv_rope_op(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                      bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, rows_per_batch: int) -> torch.Tensor:
         return launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache, v_cache, num_heads,
-                               rows_per_batch, torch.library.wrap_triton(_qkv_rope))
+                               rows_per_batch, _qkv_rope)
+
+    @_qkv_rope_op.register_fake
+    def _qkv_rope_fake(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache, v_cache, num_heads, rows_per_batch):
+        return x.new_empty(x.shape[0], num_heads, k_cache.shape[-1])
 
     @torch.library.triton_op("speclens::fused_linear", mutates_args=())
     def _fused_linear_op(x: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, weight: torch.Tensor,

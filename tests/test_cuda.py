@@ -346,6 +346,34 @@ def test_fused_layers_give_fp32_logits_exactly_and_bf16_logits_as_close_to_fp32_
     assert fused_error <= 2 * torch_error + 1e-2, (fused_error, torch_error)
 
 
+@pytest.mark.parametrize("kind", ["llama-heads-of-32", "qwen2"])
+def test_a_compiled_fused_forward_gives_eagers_logits_and_cache_bit_for_bit_on_a_gpu(kind, fused_kernels):
+    # every figure comes from the same kernels either way; the compiler only moves the cache writes
+    from demo.engine import compile_step
+
+    hf = (tiny_hf("llama", **HEADS_OF_32) if kind == "llama-heads-of-32" else tiny_hf(kind)).to("cuda", torch.bfloat16)
+    target = Target(hf)
+    target.setup_cache(128)
+    P = len(PROMPT)
+    with torch.inference_mode():
+        target.forward(torch.tensor([PROMPT], device="cuda"), torch.arange(P, device="cuda").view(1, -1))
+        tokens = torch.tensor([[5, 6, 7, 8]], device="cuda")
+        positions = torch.arange(P, P + 4, device="cuda").view(1, -1)
+
+        def forward():
+            return target.forward(tokens, positions, attend=64).logits
+
+        runs = []
+        for step in (forward, compile_step(forward)):
+            for t in (target.cache.k, target.cache.v):
+                t[:, :, :, P:].zero_()  # each run must write this step's K/V itself
+            logits = step().clone()
+            runs.append((logits, target.cache.k.clone(), target.cache.v.clone()))
+    (eager, ke, ve), (compiled, kc, vc) = runs
+    assert ke[:, :, :, P:P + 4].abs().sum() > 0
+    assert torch.equal(compiled, eager) and torch.equal(kc, ke) and torch.equal(vc, ve)
+
+
 @pytest.mark.parametrize("kernels", ["attention", "fused"])
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
 def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_chain_compiled_too(tree, kernels,
