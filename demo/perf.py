@@ -2,6 +2,7 @@
 
     python -m demo.perf table --prompts assets/prompts/categories.jsonl --num-prompts 20 [--drafters eagle3]
     python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph
+    python -m demo.perf forward --shape llama-3.1-8b --widths 8 --kernels torch,fused --floor
 
 ``table``: one process, one loaded target, the same prompts (first turns, greedy): transformers'
 ``generate()`` (dynamic cache; on a GPU also a static cache, with which ``generate()`` compiles its
@@ -10,7 +11,10 @@ device's default tree, in every mode the device has (eager; on a GPU cudagraph, 
 compiled, and everything compiled). Each row: tokens/s, tokens per target forward, propose and
 verify ms per step, and its speed over transformers' best and over SpecLens' best target-only.
 
-Without ``table``: one step taken apart.
+``forward``: the verification forward alone on random weights of a named shape, per kernels
+choice and width (demo/perf_forward.py).
+
+Without either: one step taken apart.
 
 Runs one short generation (so every buffer holds a real step's state), then calls each phase of a
 step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
@@ -346,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:
         print(run_table(argv[1:]))
+        return 0
+    if argv[:1] == ["forward"]:
+        from demo.perf_forward import main as forward_main
+
+        print(forward_main(argv[1:]))
         return 0
     args = parse_args(argv)
     engine, tokenizer = build_engine(args)

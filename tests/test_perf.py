@@ -1,6 +1,7 @@
 """python -m demo.perf takes one decoding step apart on any engine (here a tiny one on the CPU)."""
 
 import pytest
+import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.perf import PHASES, format_profile, profile_step
@@ -89,3 +90,35 @@ def test_the_profile_compiles_the_phases_the_engine_compiles():
         engine.mode = "cudagraph"  # as on a GPU
         compiled = {phase for phase in PHASES if compiled_phase(engine, phase)}
         assert compiled == {False: set(), "drafter": drafter_phases, "all": set(PHASES)}[scope]
+
+
+def test_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_forward():
+    from demo.perf_forward import rows_alike
+
+    def forward(tokens, positions):  # [1, W] -> [1, W, 5]; a wide pass rounds its third row otherwise
+        logits = (tokens.float() + positions.float())[..., None].repeat(1, 1, 5)
+        if tokens.shape[1] > 1:
+            logits[0, 2] += 1e-3
+        return logits
+
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    assert rows_alike(forward, tokens, torch.arange(10, 15).view(1, -1)) == 4
+    assert rows_alike(forward, tokens[:, :1], torch.tensor([[10]])) == 1
+
+
+def test_perf_forward_gives_a_row_per_kernels_choice_and_width_with_the_verification_forwards_rows_alike():
+    from demo.perf_forward import main
+
+    table = main(["--shape", "tiny", "--widths", "1,3", "--attend", "256", "--repeats", "3", "--device", "cpu"])
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| torch")]
+    assert [(r[1], r[2]) for r in rows] == [("1", "eager"), ("3", "eager")]
+    assert rows[0][6].startswith("1/1") and rows[1][6].split("/")[1].startswith("3")
+    assert all(int(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+
+
+def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_and_the_widest_forward():
+    from demo.perf_forward import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--context", "200", "--widths", "1,64", "--attend", "256", "--device", "cpu"])
+    assert parse_args(["--context", "192", "--widths", "1,64", "--attend", "256", "--device", "cpu"]).dtype == "float32"
