@@ -19,7 +19,7 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +43,7 @@ class ForwardConfig:
     context: int = 200  # tokens in the cache before the forward
     attend: int = 512  # cache slots the forward attends over
     repeats: int = 50
+    top: int = 0  # list each row's costliest kernels
     device: str = "cuda"
     dtype: str = "bfloat16"
 
@@ -56,6 +57,7 @@ class ForwardRow:
     kernel_ms: float  # their summed device time (CPU: wall time of one call)
     ms: float  # the forward: graph replay (GPU) or wall time (CPU), median of repeats
     rows_alike: int | None = None  # of `width` rows, how many a 1-row forward gives bit for bit
+    top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
 
 
 def random_target(shape: str, device: str, dtype: torch.dtype, capacity: int):
@@ -134,12 +136,12 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
                     if cuda and config.compile:
                         runs.append(("compiled", compile_step(forward)))
                     for how, fn in runs:
-                        launched, kernel_ms, _ = _count(fn, cuda)
+                        launched, kernel_ms, top = _count(fn, cuda)
                         if cuda:
                             ms = _replay_ms(capture_alone(fn), config.repeats)
                         else:
                             ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
-                        rows.append(ForwardRow(kernels, W, how, launched, kernel_ms, ms, alike))
+                        rows.append(ForwardRow(kernels, W, how, launched, kernel_ms, ms, alike, top))
                         print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         finally:
             set_kernels(DEFAULT_KERNELS)
@@ -163,6 +165,15 @@ def format_rows(rows: list[ForwardRow], floor_ms: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def format_top(rows: list[ForwardRow], n: int) -> str:
+    """Each row's n costliest kernels (summed time over their launches in one forward)."""
+    lines = []
+    for r in rows:
+        lines.append(f"{r.kernels}, {r.width} rows, {r.how}:")
+        lines += [f"    {ms:7.3f} ms {count:5d} x {name[:90]}" for name, count, ms in r.top[:n]]
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str]) -> ForwardConfig:
     from demo.kernels import KERNELS
 
@@ -175,6 +186,7 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     p.add_argument("--context", type=int, default=ForwardConfig.context)
     p.add_argument("--attend", type=int, default=ForwardConfig.attend)
     p.add_argument("--repeats", type=int, default=ForwardConfig.repeats)
+    p.add_argument("--top", type=int, default=ForwardConfig.top, help="list each row's N costliest kernels (up to 6)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="default: bfloat16 on a GPU, float32 on a CPU")
@@ -188,7 +200,7 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     if a.context + max(widths) > a.attend:
         p.error("--attend must cover the context and the widest forward")
     return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, compile=a.compile, floor=a.floor,
-                         context=a.context, attend=a.attend, repeats=a.repeats, device=a.device,
+                         context=a.context, attend=a.attend, repeats=a.repeats, top=a.top, device=a.device,
                          dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
 
 
@@ -204,4 +216,5 @@ def main(argv: list[str]) -> str:
         floor_ms = copy_floor_ms(weight_bytes(target))
         head += f"; reading the weights once: {floor_ms:.3f} ms at the measured copy bandwidth"
     head += f"; {config.context} tokens in the cache, attending over {config.attend} slots"
-    return head + "\n\n" + format_rows(rows, floor_ms)
+    out = head + "\n\n" + format_rows(rows, floor_ms)
+    return out + ("\n\n" + format_top(rows, config.top) if config.top else "")

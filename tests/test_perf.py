@@ -109,8 +109,10 @@ def test_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_fo
 def test_perf_forward_gives_a_row_per_kernels_choice_and_width_with_the_verification_forwards_rows_alike():
     from demo.perf_forward import main
 
-    table = main(["--shape", "tiny", "--widths", "1,3", "--attend", "256", "--repeats", "3", "--device", "cpu"])
+    table = main(["--shape", "tiny", "--widths", "1,3", "--attend", "256", "--repeats", "3", "--device", "cpu",
+                  "--top", "2"])
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| torch")]
+    assert "torch, 3 rows, eager:" in table and "aten::" in table.split("torch, 3 rows, eager:")[1]
     assert [(r[1], r[2]) for r in rows] == [("1", "eager"), ("3", "eager")]
     assert rows[0][6].startswith("1/1") and rows[1][6].split("/")[1].startswith("3")
     assert all(int(r[3]) > 0 and float(r[5]) > 0 for r in rows)
