@@ -32,15 +32,14 @@ The model flags are the bench's (``python -m demo.bench --help``).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
 from demo.engine import compile_step
+from demo.timing import capture_alone, kernel_count, replay_ms
 
 PHASES = ("project", "catch_up", "draft", "verify", "accept")
 
@@ -99,60 +98,9 @@ def _last_slot(b) -> int:
     return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
 
 
-def _count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float]]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    start = time.perf_counter()
-    with profile(activities=activities) as prof:
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - start) * 1e3
-    if cuda:
-        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    else:
-        events = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith(("aten::", "mkldnn::"))]
-    per = Counter()
-    count = Counter()
-    for e in events:
-        per[e.name] += e.time_range.elapsed_us() / 1e3
-        count[e.name] += 1
-    top = [(name, count[name], ms) for name, ms in per.most_common(6)]
-    return len(events), (sum(per.values()) if cuda else wall_ms), top
-
-
-def capture_alone(fn) -> "torch.cuda.CUDAGraph":
-    """fn captured as a graph of its own, after warm-ups on a side stream (as a capture needs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def _phase_graph_ms(fn, repeats: int) -> float:
     """Capture fn alone and time its replay."""
-    return _replay_ms(capture_alone(fn), repeats)
-
-
-def _replay_ms(graph, repeats: int) -> float:
-    """graph: a torch.cuda.CUDAGraph, or a captured step (its .graph)."""
-    graph = getattr(graph, "graph", graph)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return replay_ms(capture_alone(fn), repeats)
 
 
 @torch.inference_mode()
@@ -169,19 +117,19 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
             if compiled_phase(engine, name):
                 fn = compile_step(fn)
             fn()  # warm: a first call may compile, pick kernels or allocate
-        kernels, ms, top = _count(fn, cuda)
+        kernels, ms, top = kernel_count(fn, cuda)
         graph_ms = _phase_graph_ms(fn, repeats) if cuda and name != "accept" else None
         phases.append(PhaseProfile(name, kernels, ms, top, graph_ms))
     out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
         out.attend = engine._attended(_last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
         out.context = engine.max_context
-        out.step_graph_ms = _replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
+        out.step_graph_ms = replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
         if out.attend != out.context:
-            out.whole_context_step_ms = _replay_ms(b.graphs["step"], repeats)
+            out.whole_context_step_ms = replay_ms(b.graphs["step"], repeats)
     prefill = b.graphs.get(f"prefill{out.prefill_rows}")
     if prefill is not None:
-        out.prefill_graph_ms = _replay_ms(prefill, repeats)
+        out.prefill_graph_ms = replay_ms(prefill, repeats)
     return out
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from demo.timing import capture_alone, kernel_count, replay_ms
+
 SHAPES = {  # transformers LlamaConfig fields
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
@@ -99,11 +101,9 @@ def weight_bytes(target) -> int:
 def copy_floor_ms(nbytes: int, repeats: int = 20) -> float:
     """nbytes over the device-to-device copy bandwidth (bytes read plus written, a 4 GiB copy
     captured and replayed), in ms."""
-    from demo.perf import _replay_ms, capture_alone
-
     src = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    bandwidth = 2 * src.numel() / (_replay_ms(capture_alone(lambda: dst.copy_(src)), repeats) * 1e-3)
+    bandwidth = 2 * src.numel() / (replay_ms(capture_alone(lambda: dst.copy_(src)), repeats) * 1e-3)
     return nbytes / bandwidth * 1e3
 
 
@@ -111,7 +111,6 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
     """Every (kernels, width[, compiled]) row over `target` (random_target of config.shape)."""
     from demo.engine import compile_step
     from demo.kernels import DEFAULT_KERNELS, set_kernels
-    from demo.perf import _count, _replay_ms, capture_alone
 
     cuda = config.device.startswith("cuda")
     vocab = SHAPES[config.shape]["vocab_size"]
@@ -136,9 +135,9 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
                     if cuda and config.compile:
                         runs.append(("compiled", compile_step(forward)))
                     for how, fn in runs:
-                        launched, kernel_ms, top = _count(fn, cuda)
+                        launched, kernel_ms, top = kernel_count(fn, cuda)
                         if cuda:
-                            ms = _replay_ms(capture_alone(fn), config.repeats)
+                            ms = replay_ms(capture_alone(fn), config.repeats)
                         else:
                             ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
                         rows.append(ForwardRow(kernels, W, how, launched, kernel_ms, ms, alike, top))

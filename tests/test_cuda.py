@@ -207,7 +207,7 @@ def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_g
 
 def test_row_topk_is_torch_topk_on_a_gpu_eager_compiled_and_captured():
     from demo.engine import compile_step
-    from demo.perf import capture_alone
+    from demo.timing import capture_alone
     from demo.topk import row_topk
     x = torch.randn(65, 49152 + 77, device="cuda")
     x[3] = 1.0  # all equal: the lowest columns first
@@ -279,7 +279,7 @@ def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtyp
 
     from demo.attend import attend, triton_runs
     from demo.engine import compile_step
-    from demo.perf import capture_alone
+    from demo.timing import capture_alone
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for M, S, tree in ((1, 512, False), (8, 512, False), (8, 520, True), (97, 1024, True), (8, 2048, False),
                        (200, 512, False)):
