@@ -73,9 +73,11 @@ class StackedLinear:
     cannot be stacked (other module types, mixed dtypes or devices) run one by one.
 
     On a CPU in fp32, a call over several rows (a verification, a prefill) multiplies by a copy of the
-    weight in oneDNN's prepacked layout, made on the first such call and again after the weight
-    changes: PyTorch's plain fp32 matrix multiply took 1.8 to 2.5 x as long for 4 rows as for 1 on 2
-    cores, the prepacked one about as long (docs/PERFORMANCE.md). One row keeps the plain multiply."""
+    weight made on the first such call and again after the weight changes: in oneDNN's prepacked
+    layout for a wide output (gate/up, the head), transposed to [in, out] for the rest (q/k/v,
+    o_proj, down), whichever took less time there. PyTorch's plain fp32 matrix multiply took 1.8 to
+    2.5 x as long for 4 rows as for 1 on 2 cores (docs/PERFORMANCE.md). One row keeps the plain
+    multiply."""
 
     def __init__(self, linears: tuple):
         self.linears = linears
@@ -121,23 +123,34 @@ class StackedLinear:
         w = self.weight
         if (x.numel() > x.shape[-1] and w.dtype == torch.float32 and w.device.type == "cpu" and ONEDNN
                 and not torch.compiler.is_compiling()):
-            y = torch.ops.mkldnn._linear_pointwise(x, self._prepacked(), self.bias, "none", [], "")
+            kind, copy = self._prepacked()
+            if kind == "onednn":
+                y = torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
+            else:
+                y = torch.matmul(x, copy) if self.bias is None else torch.matmul(x, copy) + self.bias
         else:
             y = F.linear(x, self.weight, self.bias)
         return y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else (y,)
 
-    def _prepacked(self) -> torch.Tensor:
-        """The weight in oneDNN's layout (packed for PREPACK_ROWS rows; it serves any count)."""
+    def _prepacked(self) -> tuple[str, torch.Tensor]:
+        """The weight's copy for several rows: ("onednn", the weight in oneDNN's layout, packed for
+        PREPACK_ROWS rows, serving any count) for a wide output, else ("transposed", [in, out]
+        contiguous, which MKL multiplies fastest there)."""
         # in-place updates bump the version; a weight made under torch.inference_mode keeps none
         source = (self.weight.data_ptr(), 0 if self.weight.is_inference() else self.weight._version)
         if self._packed_from != source:
+            w = self.weight.detach()
             with torch.no_grad():
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PREPACK_ROWS)
+                if w.shape[0] > TRANSPOSED_MAX_RATIO * w.shape[1]:
+                    self._packed = ("onednn", torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS))
+                else:
+                    self._packed = ("transposed", w.t().contiguous())
             self._packed_from = source
         return self._packed
 
 
 PREPACK_ROWS = 4  # the row count a CPU weight is prepacked for (a chain of 3's verification)
+TRANSPOSED_MAX_RATIO = 2  # out / in up to which a CPU weight's several-row copy is transposed, not prepacked
 ONEDNN = torch.backends.mkldnn.is_available()
 
 

@@ -106,28 +106,32 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 
 
 @needs_onednn
-def test_on_a_cpu_several_rows_go_through_the_prepacked_weight_and_one_row_through_the_plain_one(monkeypatch):
+def test_on_a_cpu_several_rows_of_a_wide_weight_go_through_onednn_of_a_narrow_one_through_its_transpose(monkeypatch):
     from demo import layers
 
-    mods = _linears(bias=True)
-    stack = stacked(*mods)
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(layers.torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a),
                         raising=False)
     x = torch.randn(1, 4, 16)
-    for got, m in zip(stack(x), mods):
+    narrow = _linears(bias=True)  # 20 outputs over 16 inputs: the transposed copy
+    stack = stacked(*narrow)
+    for got, m in zip(stack(x), narrow):
         torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
-    assert calls == [1]
+    assert calls == [] and stack._prepacked()[0] == "transposed"
+    wide = nn.Linear(16, 16 * layers.TRANSPOSED_MAX_RATIO + 1)
+    torch.testing.assert_close(linear(wide, x), wide(x), rtol=1e-5, atol=1e-5)
+    assert calls == [1] and stacked(wide)._prepacked()[0] == "onednn"
     one = torch.randn(1, 1, 16)
-    for got, m in zip(stack(one), mods):
+    for got, m in zip(stack(one), narrow):
         assert torch.equal(got, m(one))  # the plain multiply, bit for bit
-    assert calls == [1]
+    assert torch.equal(linear(wide, one), wide(one)) and calls == [1]
 
 
 @needs_onednn
-def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again():
-    lin = nn.Linear(16, 8)
+@pytest.mark.parametrize("outputs", [8, 40], ids=["transposed", "onednn"])
+def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again(outputs):
+    lin = nn.Linear(16, outputs)
     x = torch.randn(3, 16)
     linear(lin, x)  # prepacks
     new = {k: torch.randn_like(v) for k, v in lin.state_dict().items()}
@@ -136,12 +140,13 @@ def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again():
 
 
 @needs_onednn
-def test_weights_made_under_inference_mode_are_prepacked_too():
+@pytest.mark.parametrize("outputs", [8, 40], ids=["transposed", "onednn"])
+def test_weights_made_under_inference_mode_are_prepacked_too(outputs):
     # a model built or moved under torch.inference_mode has inference-tensor weights, which keep no
     # version counter: prepacking must not read one (it raised "Inference tensors do not track
     # version counter" on the engine's first multi-row step)
     with torch.inference_mode():
-        lin = nn.Linear(16, 8)
+        lin = nn.Linear(16, outputs)
         x = torch.randn(3, 16)
         assert lin.weight.is_inference()
         torch.testing.assert_close(linear(lin, x), x @ lin.weight.T + lin.bias, rtol=1e-5, atol=1e-5)
