@@ -127,7 +127,8 @@ class StackedLinear:
             if kind == "onednn":
                 y = torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
             else:
-                y = torch.matmul(x, copy) if self.bias is None else torch.matmul(x, copy) + self.bias
+                y = torch.matmul(x, copy)
+                y = y if self.bias is None else y + self.bias
         else:
             y = F.linear(x, self.weight, self.bias)
         return y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else (y,)
