@@ -346,12 +346,12 @@ def test_fused_layers_give_fp32_logits_exactly_and_bf16_logits_as_close_to_fp32_
     assert fused_error <= 2 * torch_error + 1e-2, (fused_error, torch_error)
 
 
-@pytest.mark.parametrize("kind", ["llama-heads-of-32", "qwen2"])
-def test_a_compiled_fused_forward_gives_eagers_logits_and_cache_bit_for_bit_on_a_gpu(kind, fused_kernels):
-    # every figure comes from the same kernels either way; the compiler only moves the cache writes
+def test_a_compiled_fused_forward_gives_eagers_logits_and_cache_bit_for_bit_on_a_gpu(fused_kernels):
+    # heads of 32: RoPE and the cache write in norm_qkv_rope, so every figure comes from the same
+    # kernels either way, and the compiler only functionalizes the cache writes
     from demo.engine import compile_step
 
-    hf = (tiny_hf("llama", **HEADS_OF_32) if kind == "llama-heads-of-32" else tiny_hf(kind)).to("cuda", torch.bfloat16)
+    hf = tiny_hf("llama", **HEADS_OF_32).to("cuda", torch.bfloat16)
     target = Target(hf)
     target.setup_cache(128)
     P = len(PROMPT)
