@@ -146,6 +146,11 @@ if HAVE_TRITON:
         return (nw[None, :] * (xv.to(tl.float32) * inv[:, None]).to(xv.dtype).to(tl.float32)).to(xv.dtype)
 
     @triton.jit
+    def _weight_tile(w_ptr, cols, w_stride, k, mask):
+        """Columns `cols` and inputs `k` of a [N, K] weight, as a [BLOCK_K, cols] tile for x @ W^T."""
+        return tl.load(w_ptr + cols[None, :] * w_stride + k[:, None], mask=mask, other=0.0)
+
+    @triton.jit
     def _dot(a, b, IEEE: tl.constexpr):
         """a @ b accumulated in fp32; fp32 inputs multiplied as fp32 (not TF32)."""
         if IEEE:
@@ -175,12 +180,10 @@ if HAVE_TRITON:
             xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
             if NORM:
                 xv = _normed(xv, norm_ptr, k, inside, inv)
-            w = tl.load(w_ptr + cols[None, :] * w_stride + k[:, None], mask=used[None, :] & inside[:, None], other=0.0)
-            acc += _dot(xv, w, IEEE)
-            if GATED:
-                wu = tl.load(w_ptr + (N + cols)[None, :] * w_stride + k[:, None], mask=used[None, :] & inside[:, None],
-                             other=0.0)
-                up += _dot(xv, wu, IEEE)
+            tile_mask = used[None, :] & inside[:, None]
+            acc += _dot(xv, _weight_tile(w_ptr, cols, w_stride, k, tile_mask), IEEE)
+            if GATED:  # the up half of the stacked gate/up weight
+                up += _dot(xv, _weight_tile(w_ptr, N + cols, w_stride, k, tile_mask), IEEE)
         if BIAS:
             acc += tl.load(bias_ptr + cols, mask=used, other=0.0).to(tl.float32)[None, :]
         y = acc.to(dt).to(tl.float32)
@@ -215,10 +218,8 @@ if HAVE_TRITON:
             inside = k < K
             xv = _normed(tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0), norm_ptr, k,
                          inside, inv)
-            wa = tl.load(w_ptr + first[None, :] * w_stride + k[:, None], mask=inside[:, None], other=0.0)
-            wb = tl.load(w_ptr + second[None, :] * w_stride + k[:, None], mask=inside[:, None], other=0.0)
-            a += _dot(xv, wa, IEEE)
-            b += _dot(xv, wb, IEEE)
+            a += _dot(xv, _weight_tile(w_ptr, first, w_stride, k, inside[:, None]), IEEE)
+            b += _dot(xv, _weight_tile(w_ptr, second, w_stride, k, inside[:, None]), IEEE)
         if BIAS:
             a += tl.load(bias_ptr + first).to(tl.float32)[None, :]
             b += tl.load(bias_ptr + second).to(tl.float32)[None, :]
