@@ -32,6 +32,8 @@ on a CPU for tests (TRITON_INTERPRET=1).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -42,9 +44,47 @@ if HAVE_TRITON:
     import triton.language as tl
 
 BLOCK_M = 16  # rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
-BLOCK_N = 32  # output columns a program takes
 BLOCK_K = 64  # the input step (fixed: the reduction order)
+MIN_PART = 16  # the narrowest column block tl.dot takes
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How a projection is split among programs: the grid, not the arithmetic (each output is the
+    same BLOCK_K-step sum over the same BLOCK_M-row tile whatever these are), so widths still agree
+    row for row. A small target's projections have few output columns: more, narrower programs keep
+    more of the GPU's SMs reading weights."""
+
+    block_n: int = 32  # output columns a fused_linear program takes
+    head_split: int = 1  # programs per q/k/v head in norm_qkv_rope, each taking 1/split of both halves
+    num_warps: int = 4
+
+    @classmethod
+    def parse(cls, text: str) -> "Tiles":
+        """'32x1x4' (block_n x head_split x num_warps) -> Tiles."""
+        try:
+            block_n, head_split, num_warps = (int(v) for v in text.split("x"))
+        except ValueError:
+            raise ValueError(f"tiles are BLOCK_NxSPLITxWARPS, such as 32x1x4, not {text!r}") from None
+        tiles = cls(block_n, head_split, num_warps)
+        if block_n < MIN_PART or block_n & (block_n - 1) or head_split < 1 or head_split & (head_split - 1) \
+                or num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"block_n a power of two of at least {MIN_PART}, head_split a power of two and "
+                             f"num_warps 1, 2, 4 or 8, not {text!r}")
+        return tiles
+
+    def __str__(self) -> str:
+        return f"{self.block_n}x{self.head_split}x{self.num_warps}"
+
+
+TILES = Tiles()
+
+
+def set_tiles(tiles: Tiles) -> None:
+    """Pick the grid every later fused launch uses (graphs captured before keep theirs)."""
+    global TILES
+    TILES = tiles
 
 
 def fused_runs(x: torch.Tensor, act) -> bool:
@@ -104,12 +144,14 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
     R, K = x.shape
     nkv, hd = k_cache.shape[1], k_cache.shape[3]
     q = torch.empty(R, num_heads, hd, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(R, BLOCK_M), num_heads + 2 * nkv)
+    split = max(1, min(TILES.head_split, hd // 2 // MIN_PART))
+    grid = (triton.cdiv(R, BLOCK_M), (num_heads + 2 * nkv) * split)
     kernel[grid](x, norm_weight, weight, x if bias is None else bias, cos, sin, slots, k_cache, v_cache, q,
                  R, K, eps, rows_per_batch, num_heads, nkv, x.stride(0), weight.stride(0), cos.stride(0),
                  sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                 BIAS=bias is not None, HALF=hd // 2, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+                 BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
+                 IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps)
     return q
 
 
@@ -119,12 +161,13 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(R, BLOCK_M), triton.cdiv(N, BLOCK_N))
+    grid = (triton.cdiv(R, BLOCK_M), triton.cdiv(N, TILES.block_n))
     kernel[grid](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
                  x if residual is None else residual, out, R, K, N, eps, x.stride(0), weight.stride(0),
                  0 if residual is None else residual.stride(0), out.stride(0),
                  NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
-                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32)
+                 BLOCK_M=BLOCK_M, BLOCK_N=TILES.block_n, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32,
+                 num_warps=TILES.num_warps)
     return out
 
 
@@ -200,19 +243,19 @@ if HAVE_TRITON:
     def _qkv_rope(x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr,
                   R, K, eps: tl.constexpr, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
                   k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                  BIAS: tl.constexpr, HALF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                  IEEE: tl.constexpr):
+                  BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        head = tl.program_id(1)  # q heads, then k heads, then v heads: the stacked weight's order
+        head = tl.program_id(1) // (HALF // PART)  # q heads, then k heads, then v heads: the stacked weight's order
+        half = (tl.program_id(1) % (HALF // PART)) * PART + tl.arange(0, PART)  # this program's columns of a half
         live = rows < R
-        half = tl.arange(0, HALF)
-        first = head * 2 * HALF + half  # the head's two halves of columns
+        first = head * 2 * HALF + half  # the same columns of the head's two halves
         second = first + HALF
         dt = q_ptr.dtype.element_ty
         x_rows = x_ptr + rows[:, None] * x_stride
         inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
-        a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
-        b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        a = tl.zeros((BLOCK_M, PART), dtype=tl.float32)
+        b = tl.zeros((BLOCK_M, PART), dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             inside = k < K

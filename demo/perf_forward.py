@@ -2,6 +2,7 @@
 
     python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,attention,fused
     python -m demo.perf forward --shape llama-3.1-8b --widths 8 --floor
+    python -m demo.perf forward --widths 8 --kernels fused --tiles 32x1x4,16x2x4,16x2x2
 
 For each kernels choice (``demo.kernels``) and width: the kernels one forward launches and their
 summed time, and the time of the forward itself (on a GPU the replay of the forward captured
@@ -11,6 +12,7 @@ would. ``rows alike``: how many of a wide forward's rows give the logits that ro
 earlier rows already in the cache), bit for bit: what a 1-row target-only step and a verification
 must share for bf16 speculation to be exact. ``--floor``: the weights' bytes over the device's copy
 bandwidth, measured in the same run (what reading the weights once costs), and each time over it.
+``--tiles``: the fused kernels' grids to compare (``demo.fused.Tiles``), one row each.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class ForwardConfig:
     shape: str = "smollm2-135m"
     widths: tuple[int, ...] = (1, 8, 64, 97)
     kernels: tuple[str, ...] = ("torch",)
+    tiles: tuple[str, ...] = ()  # the fused kernels' grids (demo.fused.Tiles), each its own rows; () the default
     compile: bool = False  # also each width compiled (GPU)
     floor: bool = False
     context: int = 200  # tokens in the cache before the forward
@@ -52,7 +55,7 @@ class ForwardConfig:
 
 @dataclass
 class ForwardRow:
-    kernels: str
+    kernels: str  # the kernels choice, and the fused kernels' tiles where several are compared
     width: int
     how: str  # "graph", "compiled" (GPU) or "eager" (CPU)
     launched: int  # device kernels and copies (CPU: top-level operators)
@@ -109,6 +112,7 @@ def copy_floor_ms(nbytes: int, repeats: int = 20) -> float:
 
 def measure(config: ForwardConfig, target) -> list[ForwardRow]:
     """Every (kernels, width[, compiled]) row over `target` (random_target of config.shape)."""
+    from demo import fused
     from demo.engine import compile_step
     from demo.kernels import DEFAULT_KERNELS, set_kernels
 
@@ -120,8 +124,11 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
         target.forward(torch.randint(0, vocab, (1, P), device=config.device),
                        torch.arange(P, device=config.device).view(1, -1), attend=config.attend)
         try:
-            for kernels in config.kernels:
+            for kernels, tiles in variants(config):
                 set_kernels(kernels)
+                if tiles:
+                    fused.set_tiles(fused.Tiles.parse(tiles))
+                label = f"{kernels} {tiles}" if tiles else kernels
                 for W in config.widths:
                     tokens = torch.randint(0, vocab, (1, W), device=config.device)
                     positions = torch.arange(P, P + W, device=config.device).view(1, -1)
@@ -140,11 +147,17 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
                             ms = replay_ms(capture_alone(fn), config.repeats)
                         else:
                             ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
-                        rows.append(ForwardRow(kernels, W, how, launched, kernel_ms, ms, alike, top))
+                        rows.append(ForwardRow(label, W, how, launched, kernel_ms, ms, alike, top))
                         print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         finally:
             set_kernels(DEFAULT_KERNELS)
+            fused.set_tiles(fused.Tiles())
     return rows
+
+
+def variants(config: ForwardConfig) -> list[tuple[str, str | None]]:
+    """(kernels, tiles or None) per measured choice: the fused kernels once per --tiles entry."""
+    return [(k, t) for k in config.kernels for t in (config.tiles if k == "fused" and config.tiles else (None,))]
 
 
 def _wall_ms(fn) -> float:
@@ -174,12 +187,15 @@ def format_top(rows: list[ForwardRow], n: int) -> str:
 
 
 def parse_args(argv: list[str]) -> ForwardConfig:
+    from demo.fused import Tiles
     from demo.kernels import KERNELS
 
     p = argparse.ArgumentParser(prog="python -m demo.perf forward", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default=ForwardConfig.shape)
     p.add_argument("--widths", default="1,8,64,97", help="rows per forward, comma-separated")
     p.add_argument("--kernels", default="torch", help=f"comma-separated, of {', '.join(KERNELS)}")
+    p.add_argument("--tiles", default="", help="the fused kernels' grids to compare, comma-separated "
+                                                  "BLOCK_NxSPLITxWARPS (default: demo.fused.Tiles())")
     p.add_argument("--compile", action="store_true", help="each width compiled too (GPU)")
     p.add_argument("--floor", action="store_true", help="the weights' bytes over the copy bandwidth (GPU)")
     p.add_argument("--context", type=int, default=ForwardConfig.context)
@@ -193,12 +209,18 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     kernels = tuple(k for k in a.kernels.split(",") if k)
     if not kernels or any(k not in KERNELS for k in kernels):
         p.error(f"--kernels takes {', '.join(KERNELS)}, comma-separated, not {a.kernels!r}")
+    tiles = tuple(t for t in a.tiles.split(",") if t)
+    try:
+        for t in tiles:
+            Tiles.parse(t)
+    except ValueError as e:
+        p.error(str(e))
     widths = tuple(int(w) for w in a.widths.split(",") if w)
     if not widths or min(widths) < 1:
         p.error(f"--widths takes positive integers, comma-separated, not {a.widths!r}")
     if a.context + max(widths) > a.attend:
         p.error("--attend must cover the context and the widest forward")
-    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, compile=a.compile, floor=a.floor,
+    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, tiles=tiles, compile=a.compile, floor=a.floor,
                          context=a.context, attend=a.attend, repeats=a.repeats, top=a.top, device=a.device,
                          dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
 

@@ -395,11 +395,26 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
     assert all(out == outs[0] for out in outs)
 
 
-def test_with_fused_layers_a_bf16_chain_gives_one_row_target_onlys_tokens_on_a_gpu(fused_kernels):
+@pytest.mark.parametrize("tiles", ["32x1x4", "16x2x2"])
+def test_with_fused_layers_a_bf16_chain_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed (chains; a tree's
-    # ancestors sit at other slots than target-only's, and attention sums them in another order)
-    hf = tiny_hf("llama", vocab_size=2000, **HEADS_OF_32).to("cuda", torch.bfloat16)
+    # ancestors sit at other slots than target-only's, and attention sums them in another order);
+    # whatever the grid (heads of 64 split between two programs each with 16x2x2)
+    from demo import fused
+
+    fused.set_tiles(fused.Tiles.parse(tiles))
+    try:
+        _fused_chain_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "32x1x4" else HEADS_OF_64)
+    finally:
+        fused.set_tiles(fused.Tiles())
+
+
+HEADS_OF_64 = dict(num_attention_heads=1, num_key_value_heads=1)
+
+
+def _fused_chain_gives_target_onlys_tokens(heads: dict) -> None:
+    hf = tiny_hf("llama", vocab_size=2000, **heads).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target)
     for seed in range(4):

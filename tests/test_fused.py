@@ -24,12 +24,15 @@ def _run_interpreted(code: str) -> None:
 
 def check_ops() -> None:
     """Each op gives the eager layer's pieces (demo.layers), and each row the same bits alone as
-    beside 12 others."""
+    beside 12 others, whatever the grid (the default tiles and narrower ones)."""
     from demo import fused
     from demo.layers import rms_norm
 
     g = torch.Generator().manual_seed(0)
-    for R, K, N in ((3, 64, 96), (13, 100, 40), (1, 576, 200)):
+    cases = ((3, 64, 96, fused.Tiles()), (13, 100, 40, fused.Tiles()), (1, 576, 200, fused.Tiles()),
+             (13, 100, 40, fused.Tiles(16, 2, 2)))
+    for R, K, N, tiles in cases:
+        fused.set_tiles(tiles)
         x = torch.randn(R, K, generator=g)
         norm = SimpleNamespace(weight=1 + 0.1 * torch.randn(K, generator=g), variance_epsilon=1e-5)
         w = torch.randn(N, K, generator=g) / K ** 0.5
@@ -53,12 +56,21 @@ def check_ops() -> None:
 
 def check_qkv_rope() -> None:
     """norm_qkv_rope gives eager's q (rotated) and writes eager's k (rotated) and v at each row's slot,
-    touching no other slot; each row's q the same bits alone as beside others."""
+    touching no other slot; each row's q the same bits alone as beside others; with one program per
+    head, and (heads of 64) with each head's columns split between two programs."""
+    from demo import fused
+
+    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(16, 2, 2))):
+        fused.set_tiles(tiles)
+        check_qkv_rope_of(hd)
+
+
+def check_qkv_rope_of(hd: int) -> None:
     from demo import fused
     from demo.layers import apply_rope, rms_norm
 
     g = torch.Generator().manual_seed(1)
-    B, M, H, nh, nkv, hd, S = 2, 5, 48, 4, 2, 32, 40
+    B, M, H, nh, nkv, S = 2, 5, 48, 4, 2, 40
     x = torch.randn(B, M, H, generator=g)
     norm = SimpleNamespace(weight=1 + 0.1 * torch.randn(H, generator=g), variance_epsilon=1e-5)
     w = torch.randn((nh + 2 * nkv) * hd, H, generator=g) / H ** 0.5
