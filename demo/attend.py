@@ -12,12 +12,23 @@ of the default target pays it 30 times a step.
 "attention" or "fused" (flash-decoding's scheme): a program takes BLOCK_M query rows of one KV head
 (GQA's query heads of a KV head packed as rows, so each K/V block is read once for all of them) and
 SPLIT slots, keeps an online softmax over BLOCK_N-slot blocks, and writes its unnormalised sum with
-its running max and total; a second kernel weighs the splits together. Over one split the first kernel writes the output itself. A row's result depends on its
-own query, mask row, the cache and SPLIT only, never on how many rows run beside it. The output
-comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output projection
+its running max and total; a second kernel weighs the splits together, one after another (an empty
+split adds exact zeros, so a wider bucket gives the same bits). Over one split the first kernel
+writes the output itself. A row's result depends on its own query, mask row, the cache and SPLIT
+only, never on how many rows run beside it.
+
+A tree's verification passes its mask in slot order (``seen_slots``: each row's seen slots, in
+increasing order): a program then takes one query row's heads and walks that row's seen slots side
+by side, so a node whose ancestors lie scattered over the tree's slots sums them in the blocks and
+lanes where target-only, decoding that path one token at a time, finds them at contiguous slots:
+with every other kernel computing a row alike at any width (``demo.fused``), each node's logits are
+target-only's, bit for bit, and a bf16 tree emits target-only's tokens (tests/test_fused.py in
+Triton's interpreter; tests/test_cuda.py on a GPU).
+
+The output comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output projection
 reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA graphs capture
 them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a CPU, for head
-sizes ``tl.dot`` cannot take, or with ``demo.kernels`` at "torch" (its default), SDPA runs.
+sizes ``tl.dot`` cannot take, or with ``demo.kernels`` at "torch", SDPA runs.
 """
 
 from __future__ import annotations
@@ -40,14 +51,46 @@ SPLIT = 128  # slots per program (a multiple of BLOCK_N)
 
 def triton_runs(q: torch.Tensor) -> bool:
     """Whether `attend` takes the Triton kernels for queries like q ([B, nh, q, hd])."""
-    hd = q.shape[-1]
-    return (kernels() != "torch" and triton_on(q) and 16 <= hd <= 256 and hd & (hd - 1) == 0
-            and q.dtype in (torch.float32, torch.float16, torch.bfloat16))
+    return _triton_takes(q, q.shape[-1])
+
+
+def _triton_takes(x: torch.Tensor, hd: int) -> bool:
+    return (kernels() != "torch" and triton_on(x) and 16 <= hd <= 256 and hd & (hd - 1) == 0
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16))
+
+
+def orders_slots(x: torch.Tensor, head_dim: int, group: int) -> bool:
+    """Whether `attend` takes a mask in slot order (``seen_slots``) as it is, for a model of this head
+    size and query heads per KV head, its activations like x: the Triton kernels run, and one query
+    row's heads fit one program."""
+    return _triton_takes(x, head_dim) and group <= BLOCK_M
+
+
+def seen_slots(mask: torch.Tensor) -> torch.Tensor:
+    """mask [B, 1, q, S] bool -> [B, 1, q, S] int32: each row's seen slots in increasing order, then -1.
+    Attending over a row's seen slots placed side by side is what a causal row computes when the same
+    keys lie at contiguous slots: a tree node whose ancestors are scattered over the tree's slots (in
+    depth order, as node ids grow with depth) sums them as target-only sums that path."""
+    S = mask.shape[-1]
+    place = torch.where(mask, mask.to(torch.int32).cumsum(-1) - 1, S)  # [B, 1, q, S]: where each seen slot goes
+    slots = torch.arange(S, dtype=torch.int32, device=mask.device).expand(mask.shape)
+    order = torch.full((*mask.shape[:-1], S + 1), -1, dtype=torch.int32, device=mask.device)
+    return order.scatter_(-1, place.long(), slots)[..., :S]  # column S took the unseen slots
+
+
+def mask_of(order: torch.Tensor) -> torch.Tensor:
+    """``seen_slots``' inverse: [B, 1, q, S] int32 -> [B, 1, q, S] bool."""
+    seen = torch.zeros(*order.shape[:-1], order.shape[-1] + 1, dtype=torch.bool, device=order.device)
+    return seen.scatter_(-1, torch.where(order >= 0, order, order.shape[-1]).long(), True)[..., :-1]
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q: [B, nh, q, hd]; k_cache, v_cache: [B, nkv, S, hd] (nh a multiple of nkv; last dim contiguous);
-    mask: [B, 1, q, S] bool (True: the query row sees the slot; slots contiguous) -> [B, nh, q, hd]."""
+    mask: [B, 1, q, S] bool (True: the query row sees the slot; slots contiguous), or int32, each row's
+    seen slots in order (``seen_slots``) -> [B, nh, q, hd]."""
+    ordered = mask.dtype == torch.int32
+    if ordered and not orders_slots(q, q.shape[-1], q.shape[1] // k_cache.shape[1]):
+        mask, ordered = mask_of(mask), False
     if triton_runs(q):
         q = q if q.stride(-1) == 1 else q.contiguous()
         mask = mask if mask.stride(-1) == 1 else mask.contiguous()
@@ -71,15 +114,16 @@ def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     else:
         partial = torch.empty(B, M, nh, splits, hd, dtype=torch.float32, device=q.device)
         stats = torch.empty(B, M, nh, splits, 2, dtype=torch.float32, device=q.device)  # (max, total), log2 units
-    grid = (B * nkv, triton.cdiv(rows, BLOCK_M), splits)
+    ordered = mask.dtype == torch.int32  # each row's seen slots in order: one query row a program
+    grid = (B * nkv, M if ordered else triton.cdiv(rows, BLOCK_M), splits)
     split_kernel[grid](
         q, k_cache, v_cache, mask, out, partial, stats, M, S, nkv, math.log2(math.e) / math.sqrt(hd),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), mask.stride(0), mask.stride(2),
         GROUP=group, HD=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=split, ONE_SPLIT=splits == 1,
-        IEEE=q.dtype == torch.float32)
+        ORDERED=ordered, IEEE=q.dtype == torch.float32)
     if splits > 1:
-        combine_kernel[(B * M * nh,)](partial, stats, out, splits, HD=hd, SPLITS=triton.next_power_of_2(splits))
+        combine_kernel[(B * M * nh,)](partial, stats, out, splits, HD=hd)
     return out
 
 
@@ -88,17 +132,22 @@ if HAVE_TRITON:
     def _attend_split(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S, NKV, qk_scale: tl.constexpr,
                       q_sb, q_sh, q_sm, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm,
                       GROUP: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                      SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ORDERED: tl.constexpr, IEEE: tl.constexpr):
         bk = tl.program_id(0)
         b = bk // NKV
         kv = bk % NKV
         part = tl.program_id(1)
         split = tl.program_id(2)
         nh = NKV * GROUP
-        r = part * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: query row r // GROUP, head kv * GROUP + r % GROUP
-        m = r // GROUP
+        if ORDERED:  # one query row's heads; n below counts its seen slots, in order
+            r = tl.arange(0, BLOCK_M)
+            m = part + r * 0
+            live = r < GROUP
+        else:  # packed rows: query row r // GROUP, head kv * GROUP + r % GROUP; n is the slot
+            r = part * BLOCK_M + tl.arange(0, BLOCK_M)
+            m = r // GROUP
+            live = m < M
         h = kv * GROUP + r % GROUP
-        live = m < M
         d = tl.arange(0, HD)
         q = tl.load(q_ptr + b * q_sb + h[:, None] * q_sh + m[:, None] * q_sm + d[None, :], mask=live[:, None], other=0.0)
         acc = tl.zeros((BLOCK_M, HD), dtype=tl.float32)
@@ -110,19 +159,25 @@ if HAVE_TRITON:
         for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, S), BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             inside = n < S
-            k = tl.load(k_base + n[None, :] * k_ss + d[:, None], mask=inside[None, :], other=0.0)  # [HD, BLOCK_N]
+            if ORDERED:  # the n-th seen slot of this row (-1: past its last)
+                slot = tl.load(mask_ptr + b * mask_sb + part * mask_sm + n, mask=inside, other=-1)
+                inside = slot >= 0
+                seen = (live[:, None] & inside[None, :])
+            else:
+                slot = n
+                seen = tl.load(mask_base + n[None, :], mask=live[:, None] & inside[None, :], other=0) != 0
+            k = tl.load(k_base + slot[None, :] * k_ss + d[:, None], mask=inside[None, :], other=0.0)  # [HD, BLOCK_N]
             if IEEE:
                 s = tl.dot(q, k, input_precision="ieee")
             else:
                 s = tl.dot(q, k)
-            seen = tl.load(mask_base + n[None, :], mask=live[:, None] & inside[None, :], other=0) != 0
             s = tl.where(seen, s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
             new_top = tl.maximum(top, tl.max(s, axis=1))
             shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row that has seen nothing yet
             p = tl.exp2(s - shift[:, None])
             scale = tl.exp2(top - shift)
             total = total * scale + tl.sum(p, axis=1)
-            v = tl.load(v_base + n[:, None] * v_ss + d[None, :], mask=inside[:, None], other=0.0)  # [BLOCK_N, HD]
+            v = tl.load(v_base + slot[:, None] * v_ss + d[None, :], mask=inside[:, None], other=0.0)  # [BLOCK_N, HD]
             if IEEE:
                 acc = acc * scale[:, None] + tl.dot(p, v, input_precision="ieee")
             else:
@@ -139,18 +194,23 @@ if HAVE_TRITON:
             tl.store(stats_ptr + (at * splits + split) * 2 + 1, total, mask=live)
 
     @triton.jit
-    def _attend_combine(partial_ptr, stats_ptr, out_ptr, splits, HD: tl.constexpr, SPLITS: tl.constexpr):
+    def _attend_combine(partial_ptr, stats_ptr, out_ptr, splits, HD: tl.constexpr):
+        """The splits weighed together one after another, in split order: empty splits (past the
+        row's last seen slot) add exact zeros, so a wider bucket gives the same bits."""
         row = tl.program_id(0)  # index in [B, q, nh]
-        s = tl.arange(0, SPLITS)
         d = tl.arange(0, HD)
-        used = s < splits
-        top = tl.load(stats_ptr + (row * splits + s) * 2, mask=used, other=float("-inf"))
-        total = tl.load(stats_ptr + (row * splits + s) * 2 + 1, mask=used, other=0.0)
-        best = tl.max(top, axis=0)
-        weight = tl.exp2(top - tl.where(best == float("-inf"), 0.0, best))  # [SPLITS]; 0 for empty splits
-        acc = tl.load(partial_ptr + (row * splits + s[:, None]) * HD + d[None, :], mask=used[:, None], other=0.0)
-        norm = tl.sum(weight * total, axis=0)
-        result = tl.sum(acc * weight[:, None], axis=0) / tl.where(norm > 0, norm, 1.0)
+        best = tl.load(stats_ptr + row * splits * 2)
+        for s in range(1, splits):
+            best = tl.maximum(best, tl.load(stats_ptr + (row * splits + s) * 2))
+        shift = tl.where(best == float("-inf"), 0.0, best)
+        weight = tl.exp2(tl.load(stats_ptr + row * splits * 2) - shift)  # 0 for an empty split
+        norm = weight * tl.load(stats_ptr + row * splits * 2 + 1)
+        acc = weight * tl.load(partial_ptr + row * splits * HD + d)  # [HD]
+        for s in range(1, splits):
+            weight = tl.exp2(tl.load(stats_ptr + (row * splits + s) * 2) - shift)
+            norm += weight * tl.load(stats_ptr + (row * splits + s) * 2 + 1)
+            acc += weight * tl.load(partial_ptr + (row * splits + s) * HD + d)
+        result = acc / tl.where(norm > 0, norm, 1.0)
         tl.store(out_ptr + row * HD + d, result.to(out_ptr.dtype.element_ty))
 
     @torch.library.triton_op("speclens::attend", mutates_args=())

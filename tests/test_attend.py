@@ -55,6 +55,49 @@ def check_rows_alone(split) -> None:
         assert torch.equal(alone[:, 0], together[:, row])
 
 
+def check_in_slot_order(B, nh, nkv, M, S, hd, kind, split) -> None:
+    """A mask given in slot order (``seen_slots``) attends as the boolean mask does."""
+    q, k, v, mask = _inputs(B, nh, nkv, M, S, hd, kind, seed=M * 5 + S)
+    run = lambda m: attend_module.split_attend(q, k, v, m, attend_module._attend_split,  # noqa: E731
+                                               attend_module._attend_combine, split)
+    torch.testing.assert_close(run(attend_module.seen_slots(mask)), run(mask), atol=2e-6, rtol=2e-6)
+
+
+def check_tree_rows_as_paths(split) -> None:
+    """A tree's node, its ancestors scattered over the tree's slots and attended in slot order, gets
+    the bits of a causal row at the end of its path laid out at contiguous slots, as target-only
+    decodes it, in a wider bucket too (more splits, junk in the slots no row sees)."""
+    from demo.tree import tree_attention_mask
+
+    g = torch.Generator().manual_seed(9)
+    nh, nkv, hd, root, S, wide = 9, 3, 64, 125, 256, 512  # the tree crosses a split's edge at 128
+    parents = torch.tensor([0, 0, 0, 1, 1, 2, 3, 5, 6, 7, 3])  # node 0: the root; ids grow with depth
+    depth = [0]
+    for p in parents[1:].tolist():
+        depth.append(depth[p] + 1)
+    n = parents.shape[0]
+    q = torch.randn(1, nh, n, hd, generator=g)
+    k = torch.randn(1, nkv, S, hd, generator=g)
+    v = torch.randn(1, nkv, S, hd, generator=g)
+    mask = tree_attention_mask(parents, max(depth), torch.tensor(root), S)
+    run = lambda q, k, v, m: attend_module.split_attend(q, k, v, m, attend_module._attend_split,  # noqa: E731
+                                                        attend_module._attend_combine, split)
+    tree = run(q, k, v, attend_module.seen_slots(mask))
+    for node in range(n):
+        path = [node]
+        while path[-1]:
+            path.append(int(parents[path[-1]]))
+        path = path[::-1]  # root .. node
+        kp = torch.randn(1, nkv, wide, hd, generator=g)  # junk everywhere the row does not see
+        vp = torch.randn(1, nkv, wide, hd, generator=g)
+        kp[:, :, :root], vp[:, :, :root] = k[:, :, :root], v[:, :, :root]
+        for j, a in enumerate(path):
+            kp[:, :, root + j], vp[:, :, root + j] = k[:, :, root + a], v[:, :, root + a]
+        causal = (torch.arange(wide) <= root + depth[node]).view(1, 1, 1, wide)
+        alone = run(q[:, :, node:node + 1], kp, vp, causal)
+        assert torch.equal(alone[:, 0], tree[:, node]), node
+
+
 CASES = [  # B, nh, nkv, M, S, hd, mask, slots per split
     (1, 9, 3, 8, 200, 64, "causal", 128),  # a chain's verification, two splits (GQA groups of 3)
     (1, 9, 3, 1, 77, 64, "causal", 128),  # one token, one split: the first kernel writes the output
@@ -64,10 +107,16 @@ CASES = [  # B, nh, nkv, M, S, hd, mask, slots per split
 ]
 
 
-def test_split_attention_matches_sdpa_and_each_row_is_computed_alone():
-    code = ("from tests.test_attend import check_against_sdpa, check_rows_alone\n"
+ORDERED_CASES = [(1, 9, 3, 24, 300, 64, "tree", 128), CASES[3], (1, 8, 2, 6, 300, 16, "tree", 128)]  # groups of 3, 1, 4
+
+
+def test_split_attention_matches_sdpa_and_each_row_is_computed_alone_and_a_tree_row_as_its_path():
+    code = ("from tests.test_attend import check_against_sdpa, check_in_slot_order, check_rows_alone, "
+            "check_tree_rows_as_paths\n"
             f"for case in {CASES!r}:\n    check_against_sdpa(*case)\n"
-            "check_rows_alone(128)\ncheck_rows_alone(64)\nprint('checked')")
+            f"for case in {ORDERED_CASES!r}:\n    check_in_slot_order(*case)\n"
+            "check_rows_alone(128)\ncheck_rows_alone(64)\ncheck_tree_rows_as_paths(128)\n"
+            "check_tree_rows_as_paths(64)\nprint('checked')")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -129,3 +178,13 @@ def test_generations_through_the_kernels_keep_target_greedy_tokens():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "checked" in out.stdout
+
+
+def test_seen_slots_lists_each_rows_seen_slots_in_order_and_mask_of_gives_the_mask_back():
+    mask = torch.tensor([[[[True, False, True, True, False], [False] * 5, [False, True, False, False, True]]]])
+    order = attend_module.seen_slots(mask)
+    assert order.dtype == torch.int32 and order.shape == mask.shape
+    assert order[0, 0].tolist() == [[0, 2, 3, -1, -1], [-1] * 5, [1, 4, -1, -1, -1]]
+    assert torch.equal(attend_module.mask_of(order), mask)
+    causal = torch.arange(6)[None, None, None, :] <= torch.tensor([2, 5])[None, None, :, None]
+    assert attend_module.seen_slots(causal)[0, 0].tolist() == [[0, 1, 2, -1, -1, -1], [0, 1, 2, 3, 4, 5]]

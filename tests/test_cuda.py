@@ -395,17 +395,18 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
     assert all(out == outs[0] for out in outs)
 
 
-@pytest.mark.parametrize("tiles", ["32x1x4", "16x2x2"])
-def test_with_fused_layers_a_bf16_chain_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, fused_kernels):
+@pytest.mark.parametrize("tiles,tree", [("32x1x4", None), ("16x2x2", None), ("32x1x4", TreeShape(4, 16))],
+                         ids=["chain", "chain-split-grid", "tree"])
+def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
-    # and the 1-row step agree bit for bit, so no padded reference is needed (chains; a tree's
-    # ancestors sit at other slots than target-only's, and attention sums them in another order);
+    # and the 1-row step agree bit for bit, so no padded reference is needed; a tree's nodes attend
+    # to their ancestors in slot order (demo.attend.seen_slots), as target-only attends to the path;
     # whatever the grid (heads of 64 split between two programs each with 16x2x2)
     from demo import fused
 
     fused.set_tiles(fused.Tiles.parse(tiles))
     try:
-        _fused_chain_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "32x1x4" else HEADS_OF_64)
+        _fused_speculation_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "32x1x4" else HEADS_OF_64, tree)
     finally:
         fused.set_tiles(fused.Tiles())
 
@@ -413,7 +414,7 @@ def test_with_fused_layers_a_bf16_chain_gives_one_row_target_onlys_tokens_on_a_g
 HEADS_OF_64 = dict(num_attention_heads=1, num_key_value_heads=1)
 
 
-def _fused_chain_gives_target_onlys_tokens(heads: dict) -> None:
+def _fused_speculation_gives_target_onlys_tokens(heads: dict, tree: TreeShape | None) -> None:
     hf = tiny_hf("llama", vocab_size=2000, **heads).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target)
@@ -421,6 +422,6 @@ def _fused_chain_gives_target_onlys_tokens(heads: dict) -> None:
         prompt = torch.randint(3, 2000, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
         for mode in ("eager", "cudagraph"):
             engine = Engine(target, drafter, mode=mode, max_context=160)
-            spec = _tokens(engine, prompt, max_new_tokens=96, num_spec_tokens=7, stop_token_ids=())
+            spec = _tokens(engine, prompt, max_new_tokens=96, num_spec_tokens=7, tree=tree, stop_token_ids=())
             ref = _tokens(engine, prompt, max_new_tokens=96, num_spec_tokens=0, stop_token_ids=())
             assert spec == ref, (seed, mode)

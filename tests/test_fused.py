@@ -97,6 +97,45 @@ def check_qkv_rope_of(hd: int) -> None:
     assert torch.equal(alone[0, 0], q[0, 2])
 
 
+def check_tree_rows() -> None:
+    """Through the fused layers, a tree's verification gives each node the logits, bit for bit, that
+    1-row target-only steps give the same tokens along its path: the rows are computed alike at any
+    width, and the tree's attention sums each node's ancestors in slot order (demo.attend.seen_slots),
+    as target-only sums the path. Heads of 32 (RoPE in the projection's kernel) and of 16 (outside)."""
+    from demo.kernels import set_kernels
+    from demo.target import Target
+    from demo.tree import tree_attention_mask
+    from tests.tiny import tiny_hf
+
+    set_kernels("fused")
+    parents = torch.tensor([0, 0, 0, 1, 1, 2, 3, 5, 6])  # node 0: the root; ids grow with depth
+    depth = [0]
+    for p in parents[1:].tolist():
+        depth.append(depth[p] + 1)
+    n, root, S = parents.shape[0], 124, 256  # the tree crosses the attention's split edge at 128
+    for heads in (dict(num_attention_heads=2, num_key_value_heads=1), {}):
+        target = Target(tiny_hf("llama", num_hidden_layers=2, **heads))
+        target.setup_cache(S)
+        g = torch.Generator().manual_seed(3)
+        prompt = torch.randint(3, 256, (1, root), generator=g)
+        tokens = torch.randint(3, 256, (1, n), generator=g)
+        with torch.inference_mode():
+            target.forward(prompt, torch.arange(root).view(1, -1), attend=S)
+            saved = target.cache.k.clone(), target.cache.v.clone()
+            mask = tree_attention_mask(parents, max(depth), torch.tensor(root), S)
+            tree = target.forward(tokens, root + torch.tensor([depth]), slots=root + torch.arange(n).view(1, -1),
+                                  mask=mask, attend=S).logits
+            for leaf in (4, 7, 8):
+                path = [leaf]
+                while path[-1]:
+                    path.append(int(parents[path[-1]]))
+                target.cache.k.copy_(saved[0])
+                target.cache.v.copy_(saved[1])
+                for j, node in enumerate(path[::-1]):
+                    step = target.forward(tokens[:, node:node + 1], torch.tensor([[root + j]]), attend=S).logits
+                    assert torch.equal(step[0, 0], tree[0, node]), (heads, leaf, node)
+
+
 def check_generations() -> None:
     """Whole generations through the fused layers (and the fused head) give transformers' greedy
     tokens: target-only, a chain and a tree on Llama; target-only on Qwen2 (q/k/v biases) and Qwen3
@@ -136,6 +175,10 @@ def test_fused_ops_match_the_eager_layer_and_compute_each_row_alone():
 
 def test_rope_and_the_cache_write_in_the_projections_kernel_match_the_eager_layer():
     _run_interpreted("from tests.test_fused import check_qkv_rope\ncheck_qkv_rope()")
+
+
+def test_a_trees_verification_gives_each_node_the_logits_of_one_row_steps_along_its_path_bit_for_bit():
+    _run_interpreted("from tests.test_fused import check_tree_rows\ncheck_tree_rows()")
 
 
 def test_generations_through_the_fused_layers_keep_target_greedy_tokens():
