@@ -1,14 +1,14 @@
 """Which kernels the forwards run on a GPU: one setting for the process, read when a forward runs
 (so a graph captured or a step compiled after a change runs the new choice).
 
-    attention  demo.attend's Triton attention; PyTorch (cuBLAS, inductor) for the rest
     fused      demo.attend's attention and demo.fused's layer kernels: RMSNorm in the projection that
                follows it, RoPE and the cache write in q/k/v's, SiLU-and-multiply in gate/up's, the
-               residual in o_proj's and down's; each row computed alike whatever the forward's width
-    torch      PyTorch throughout (SDPA's attention): the default. On the H200 the Triton attention
-               barely moves a verification forward, and the fused kernels, which replay it in
-               1.25 ms against 1.82 for PyTorch's layers compiled, still await a run of the
-               compiled fused chain's token-identity test (docs/PERFORMANCE.md)
+               residual in o_proj's and down's; each row computed alike whatever the forward's width.
+               The default: on the H200 the verification forward replays in 1.21 ms against 1.82
+               for PyTorch's layers compiled, and a chain of 7 decodes ShareGPT at 2395.7 tokens/s
+               against 1722.2 with PyTorch's layers compiled the day before (docs/RESULTS.md D15 to D17)
+    attention  demo.attend's Triton attention; PyTorch (cuBLAS, inductor) for the rest
+    torch      PyTorch throughout (SDPA's attention)
 
 On a CPU every choice runs PyTorch (Triton's interpreter, TRITON_INTERPRET=1, runs the Triton ones
 there for tests).
@@ -20,7 +20,7 @@ import importlib.util
 import os
 
 KERNELS = ("attention", "fused", "torch")
-DEFAULT_KERNELS = "torch"
+DEFAULT_KERNELS = "fused"
 _current = DEFAULT_KERNELS
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # a CPU-only install may lack it
