@@ -14,7 +14,7 @@ surrounds it folded in:
     linear_residual    residual + x @ W^T: o_proj and down
 
 so a layer is four launches and the attention's one or two (``demo.attend``). A program takes
-BLOCK_M rows and a block of output columns and walks the input in BLOCK_K steps, always in the same
+BLOCK_M rows and a block of output columns and walks the input in block_k steps, always in the same
 order, so a row's result never depends on how many rows run beside it (the property that lets a
 1-row step and an 8-row verification compute a token alike in bf16; cuBLAS picks its kernel, and
 with it the reduction order, by the row count). Every rounding to the tensor dtype that the eager
@@ -44,41 +44,52 @@ if HAVE_TRITON:
     import triton.language as tl
 
 BLOCK_M = 16  # rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
-BLOCK_K = 64  # the input step (fixed: the reduction order)
 MIN_PART = 16  # the narrowest column block tl.dot takes
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
 class Tiles:
-    """How a projection is split among programs: the grid, not the arithmetic (each output is the
-    same BLOCK_K-step sum over the same BLOCK_M-row tile whatever these are), so widths still agree
-    row for row. A small target's projections have few output columns: more, narrower programs keep
-    more of the GPU's SMs reading weights."""
+    """How a projection is split among programs and steps. Every width runs the same tiles, and a
+    row's arithmetic never depends on the rows beside it, so widths agree row for row whatever these
+    are (block_k sets the order of the sums: another block_k gives other bits, alike at every width).
+    A small target's projections have few output columns and a short input: the time of a program is
+    its serial walk over the input, so fewer, wider steps may pay."""
 
     block_n: int = 32  # output columns a fused_linear program takes
     head_split: int = 1  # programs per q/k/v head in norm_qkv_rope, each taking 1/split of both halves
     num_warps: int = 4
+    block_k: int = 64  # the input step (the norm's sum of squares and the multiply's)
+    num_stages: int = 3  # Triton's software pipelining of the input loop
+    steps: int = 0  # fused_linear: at most this many input steps a program (0: the whole input); a
+    # split input's partial sums are added in split order by the tile's last program (SPLIT_BELOW)
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
-        """'32x1x4' (block_n x head_split x num_warps) -> Tiles."""
+        """'32x1x4', '32x1x4x128x4' or '32x1x4x64x3x3' (block_n x head_split x num_warps [x block_k
+        [x num_stages [x steps]]]) -> Tiles."""
         try:
-            block_n, head_split, num_warps = (int(v) for v in text.split("x"))
+            values = [int(v) for v in text.split("x")]
+            if not 3 <= len(values) <= 6:
+                raise ValueError
         except ValueError:
-            raise ValueError(f"tiles are BLOCK_NxSPLITxWARPS, such as 32x1x4, not {text!r}") from None
-        tiles = cls(block_n, head_split, num_warps)
-        if block_n < MIN_PART or block_n & (block_n - 1) or head_split < 1 or head_split & (head_split - 1) \
-                or num_warps not in (1, 2, 4, 8):
-            raise ValueError(f"block_n a power of two of at least {MIN_PART}, head_split a power of two and "
-                             f"num_warps 1, 2, 4 or 8, not {text!r}")
+            raise ValueError(f"tiles are NxSPLITxWARPS[xK[xSTAGES[xSTEPS]]], such as 32x1x4 or 32x1x4x64x3x3, "
+                             f"not {text!r}") from None
+        tiles = cls(*values)
+        powers = (tiles.block_n, tiles.head_split, tiles.block_k)
+        if tiles.block_n < MIN_PART or tiles.block_k < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
+                or tiles.num_warps not in (1, 2, 4, 8) or not 1 <= tiles.num_stages <= 6 or tiles.steps < 0:
+            raise ValueError(f"block_n and block_k powers of two of at least {MIN_PART}, head_split a power of "
+                             f"two, num_warps 1, 2, 4 or 8, num_stages 1 to 6 and steps at least 0, not {text!r}")
         return tiles
 
     def __str__(self) -> str:
-        return f"{self.block_n}x{self.head_split}x{self.num_warps}"
+        return "x".join(str(v) for v in (self.block_n, self.head_split, self.num_warps, self.block_k, self.num_stages,
+                                          self.steps))
 
 
 TILES = Tiles()
+SPLIT_BELOW = 256  # a fused_linear launch of fewer (row, column) tiles than this splits its input (Tiles.steps)
 
 
 def set_tiles(tiles: Tiles) -> None:
@@ -150,8 +161,8 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
                  R, K, eps, rows_per_batch, num_heads, nkv, x.stride(0), weight.stride(0), cos.stride(0),
                  sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                 BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
-                 IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps)
+                 BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, BLOCK_M=BLOCK_M, BLOCK_K=TILES.block_k,
+                 IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return q
 
 
@@ -161,13 +172,23 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(R, BLOCK_M), triton.cdiv(N, TILES.block_n))
-    kernel[grid](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
-                 x if residual is None else residual, out, R, K, N, eps, x.stride(0), weight.stride(0),
-                 0 if residual is None else residual.stride(0), out.stride(0),
-                 NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
-                 BLOCK_M=BLOCK_M, BLOCK_N=TILES.block_n, BLOCK_K=BLOCK_K, IEEE=x.dtype == torch.float32,
-                 num_warps=TILES.num_warps)
+    tiles = (triton.cdiv(R, BLOCK_M), triton.cdiv(N, TILES.block_n))
+    steps = triton.cdiv(K, TILES.block_k)
+    splits = triton.cdiv(steps, TILES.steps) if TILES.steps and tiles[0] * tiles[1] < SPLIT_BELOW else 1
+    chunk = triton.cdiv(steps, splits) * TILES.block_k  # the input columns a split takes
+    splits = triton.cdiv(K, chunk)
+    if splits > 1:  # each split's partial sums, and a count per tile of the splits done (back to 0 after)
+        partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
+        done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
+    else:
+        partial, done = out, out  # unused
+    kernel[(*tiles, splits)](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
+                             x if residual is None else residual, out, partial, done, R, K, N, chunk, eps,
+                             x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0),
+                             out.stride(0), NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated,
+                             RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=BLOCK_M, BLOCK_N=TILES.block_n,
+                             BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps,
+                             num_stages=TILES.num_stages)
     return out
 
 
@@ -203,21 +224,22 @@ if HAVE_TRITON:
         return out
 
     @triton.jit
-    def _fused_linear(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, R, K, N, eps: tl.constexpr,
-                      x_stride, w_stride, res_stride, out_stride,
+    def _fused_linear(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R, K, N, chunk,
+                      eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride,
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                      SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      IEEE: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        split = tl.program_id(2)  # which input columns: [split * chunk, (split + 1) * chunk)
         live = rows < R
         used = cols < N
-        dt = out_ptr.dtype.element_ty
         x_rows = x_ptr + rows[:, None] * x_stride
-        if NORM:
+        if NORM:  # the whole row's sum of squares, whatever part of the input this program takes
             inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
+        for start in range(split * chunk, tl.minimum(split * chunk + chunk, K), BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             inside = k < K
             xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
@@ -227,6 +249,36 @@ if HAVE_TRITON:
             acc += _dot(xv, _weight_tile(w_ptr, cols, w_stride, k, tile_mask), IEEE)
             if GATED:  # the up half of the stacked gate/up weight
                 up += _dot(xv, _weight_tile(w_ptr, N + cols, w_stride, k, tile_mask), IEEE)
+        if SPLITS == 1:
+            _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
+                    BIAS, GATED, RESIDUAL)
+        else:  # leave this split's sums; the tile's last split to finish adds them all, in split order
+            width = 2 * N if GATED else N
+            at = partial_ptr + rows[:, None] * width + cols[None, :]  # split 0's [BLOCK_M, BLOCK_N]
+            where = live[:, None] & used[None, :]
+            tl.store(at + split * R * width, acc, mask=where)
+            if GATED:
+                tl.store(at + split * R * width + N, up, mask=where)
+            tl.debug_barrier()  # every thread's stores before the count
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            if tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                tl.debug_barrier()  # the count read before any thread reads the others' sums
+                acc = tl.load(at, mask=where, other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up = tl.load(at + N, mask=where, other=0.0, cache_modifier=".cg")
+                for s in range(1, SPLITS):
+                    acc += tl.load(at + s * R * width, mask=where, other=0.0, cache_modifier=".cg")
+                    if GATED:
+                        up += tl.load(at + s * R * width + N, mask=where, other=0.0, cache_modifier=".cg")
+                _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
+                        BIAS, GATED, RESIDUAL)
+                tl.store(done_ptr + tile, 0)  # as it was, for whoever reuses the buffer
+
+    @triton.jit
+    def _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
+                BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+        """A tile's output from its fp32 sums: + bias, rounded; silu(gate) * up; + residual; stored."""
+        dt = out_ptr.dtype.element_ty
         if BIAS:
             acc += tl.load(bias_ptr + cols, mask=used, other=0.0).to(tl.float32)[None, :]
         y = acc.to(dt).to(tl.float32)

@@ -395,13 +395,13 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
     assert all(out == outs[0] for out in outs)
 
 
-@pytest.mark.parametrize("tiles,tree", [("32x1x4", None), ("16x2x2", None), ("32x1x4", TreeShape(4, 16))],
+@pytest.mark.parametrize("tiles,tree", [("32x1x4", None), ("16x2x2x128", None), ("32x1x4", TreeShape(4, 16))],
                          ids=["chain", "chain-split-grid", "tree"])
 def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed; a tree's nodes attend
     # to their ancestors in slot order (demo.attend.seen_slots), as target-only attends to the path;
-    # whatever the grid (heads of 64 split between two programs each with 16x2x2)
+    # whatever the grid and input step (heads of 64 split between two programs each with 16x2x2x128)
     from demo import fused
 
     fused.set_tiles(fused.Tiles.parse(tiles))

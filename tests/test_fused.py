@@ -24,13 +24,15 @@ def _run_interpreted(code: str) -> None:
 
 def check_ops() -> None:
     """Each op gives the eager layer's pieces (demo.layers), and each row the same bits alone as
-    beside 12 others, whatever the grid (the default tiles and narrower ones)."""
+    beside 12 others, whatever the grid and the input step (the default tiles and others), the input
+    split between programs too (its partial sums added in split order)."""
     from demo import fused
     from demo.layers import rms_norm
 
     g = torch.Generator().manual_seed(0)
     cases = ((3, 64, 96, fused.Tiles()), (13, 100, 40, fused.Tiles()), (1, 576, 200, fused.Tiles()),
-             (13, 100, 40, fused.Tiles(16, 2, 2)))
+             (13, 100, 40, fused.Tiles(16, 2, 2)), (13, 300, 40, fused.Tiles(32, 1, 4, 128, 2)),
+             (13, 576, 40, fused.Tiles(32, 1, 4, 64, 3, 4)), (20, 100, 72, fused.Tiles(32, 1, 4, 64, 3, 1)))
     for R, K, N, tiles in cases:
         fused.set_tiles(tiles)
         x = torch.randn(R, K, generator=g)
@@ -60,7 +62,7 @@ def check_qkv_rope() -> None:
     head, and (heads of 64) with each head's columns split between two programs."""
     from demo import fused
 
-    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(16, 2, 2))):
+    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(16, 2, 2, 32))):
         fused.set_tiles(tiles)
         check_qkv_rope_of(hd)
 
