@@ -14,7 +14,7 @@ surrounds it folded in:
     linear_residual    residual + x @ W^T: o_proj and down
 
 so a layer is four launches and the attention's one or two (``demo.attend``). A program takes
-BLOCK_M rows and a block of output columns and walks the input in block_k steps, always in the same
+block_m rows and a block of output columns and walks the input in block_k steps, always in the same
 order, so a row's result never depends on how many rows run beside it (the property that lets a
 1-row step and an 8-row verification compute a token alike in bf16; cuBLAS picks its kernel, and
 with it the reduction order, by the row count). Every rounding to the tensor dtype that the eager
@@ -43,8 +43,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-BLOCK_M = 16  # rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
-MIN_PART = 16  # the narrowest column block tl.dot takes
+MIN_PART = 16  # the narrowest block tl.dot takes
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -52,10 +51,13 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class Tiles:
     """How a projection is split among programs and steps. Every width runs the same tiles, and a
     row's arithmetic never depends on the rows beside it, so widths agree row for row whatever these
-    are (block_k sets the order of the sums: another block_k gives other bits, alike at every width).
-    A small target's projections have few output columns and a short input: the time of a program is
-    its serial walk over the input, so fewer, wider steps may pay."""
+    are (block_k sets the order of the sums, and block_m may pick another tensor-core instruction:
+    other tiles give other bits, alike at every width). A small target's projections have few output
+    columns and a short input, so a program's time is its serial walk over the input; a wide
+    verification runs more row tiles, each reading the same weights (the head's 56 MB for the
+    default target, once per 16 rows)."""
 
+    block_m: int = 16  # rows a program takes
     block_n: int = 32  # output columns a fused_linear program takes
     head_split: int = 1  # programs per q/k/v head in norm_qkv_rope, each taking 1/split of both halves
     num_warps: int = 4
@@ -66,26 +68,27 @@ class Tiles:
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
-        """'32x1x4', '32x1x4x128x4' or '32x1x4x64x3x3' (block_n x head_split x num_warps [x block_k
-        [x num_stages [x steps]]]) -> Tiles."""
-        try:
-            values = [int(v) for v in text.split("x")]
-            if not 3 <= len(values) <= 6:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"tiles are NxSPLITxWARPS[xK[xSTAGES[xSTEPS]]], such as 32x1x4 or 32x1x4x64x3x3, "
-                             f"not {text!r}") from None
-        tiles = cls(*values)
-        powers = (tiles.block_n, tiles.head_split, tiles.block_k)
-        if tiles.block_n < MIN_PART or tiles.block_k < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
-                or tiles.num_warps not in (1, 2, 4, 8) or not 1 <= tiles.num_stages <= 6 or tiles.steps < 0:
-            raise ValueError(f"block_n and block_k powers of two of at least {MIN_PART}, head_split a power of "
-                             f"two, num_warps 1, 2, 4 or 8, num_stages 1 to 6 and steps at least 0, not {text!r}")
-        return tiles
+        """'default', or fields that differ from it: 'block_m=64:steps=3' -> Tiles."""
+        values = {}
+        for item in text.split(":") if text != "default" else ():
+            key, _, value = item.partition("=")
+            if key not in cls.__dataclass_fields__ or not value.isdigit():
+                raise ValueError(f"tiles are 'default' or FIELD=N[:FIELD=N...], FIELD one of "
+                                 f"{', '.join(cls.__dataclass_fields__)}, not {text!r}")
+            values[key] = int(value)
+        t = cls(**values)
+        powers = (t.block_m, t.block_n, t.head_split, t.block_k)
+        if min(t.block_m, t.block_n, t.block_k) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
+                or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
+            raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split a "
+                             f"power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
+        return t
 
     def __str__(self) -> str:
-        return "x".join(str(v) for v in (self.block_n, self.head_split, self.num_warps, self.block_k, self.num_stages,
-                                          self.steps))
+        default = Tiles()
+        changed = [f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__
+                   if getattr(self, k) != getattr(default, k)]
+        return ":".join(changed) or "default"
 
 
 TILES = Tiles()
@@ -156,13 +159,14 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
     nkv, hd = k_cache.shape[1], k_cache.shape[3]
     q = torch.empty(R, num_heads, hd, dtype=x.dtype, device=x.device)
     split = max(1, min(TILES.head_split, hd // 2 // MIN_PART))
-    grid = (triton.cdiv(R, BLOCK_M), (num_heads + 2 * nkv) * split)
+    grid = (triton.cdiv(R, TILES.block_m), (num_heads + 2 * nkv) * split)
     kernel[grid](x, norm_weight, weight, x if bias is None else bias, cos, sin, slots, k_cache, v_cache, q,
                  R, K, eps, rows_per_batch, num_heads, nkv, x.stride(0), weight.stride(0), cos.stride(0),
                  sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                 BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, BLOCK_M=BLOCK_M, BLOCK_K=TILES.block_k,
-                 IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps, num_stages=TILES.num_stages)
+                 BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, BLOCK_M=TILES.block_m,
+                 BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps,
+                 num_stages=TILES.num_stages)
     return q
 
 
@@ -172,7 +176,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    tiles = (triton.cdiv(R, BLOCK_M), triton.cdiv(N, TILES.block_n))
+    tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
     steps = triton.cdiv(K, TILES.block_k)
     splits = triton.cdiv(steps, TILES.steps) if TILES.steps and tiles[0] * tiles[1] < SPLIT_BELOW else 1
     chunk = triton.cdiv(steps, splits) * TILES.block_k  # the input columns a split takes
@@ -186,9 +190,9 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
                              x if residual is None else residual, out, partial, done, R, K, N, chunk, eps,
                              x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0),
                              out.stride(0), NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated,
-                             RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=BLOCK_M, BLOCK_N=TILES.block_n,
-                             BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps,
-                             num_stages=TILES.num_stages)
+                             RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=TILES.block_m,
+                             BLOCK_N=TILES.block_n, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
+                             num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return out
 
 

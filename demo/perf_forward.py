@@ -2,7 +2,7 @@
 
     python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,attention,fused
     python -m demo.perf forward --shape llama-3.1-8b --widths 8 --floor
-    python -m demo.perf forward --widths 8 --kernels fused --tiles 32x1x4,32x1x4x128,32x1x4x64x3x3
+    python -m demo.perf forward --widths 8,97 --kernels fused --tiles default,block_m=64,steps=3
 
 For each kernels choice (``demo.kernels``) and width: the kernels one forward launches and their
 summed time, and the time of the forward itself (on a GPU the replay of the forward captured
@@ -12,7 +12,7 @@ would. ``rows alike``: how many of a wide forward's rows give the logits that ro
 earlier rows already in the cache), bit for bit: what a 1-row target-only step and a verification
 must share for bf16 speculation to be exact. ``--floor``: the weights' bytes over the device's copy
 bandwidth, measured in the same run (what reading the weights once costs), and each time over it.
-``--tiles``: the fused kernels' grids to compare (``demo.fused.Tiles``), one row each.
+``--tiles``: the fused kernels' tiles to compare (``demo.fused.Tiles``), one row each.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     p.add_argument("--widths", default="1,8,64,97", help="rows per forward, comma-separated")
     p.add_argument("--kernels", default="torch", help=f"comma-separated, of {', '.join(KERNELS)}")
     p.add_argument("--tiles", default="", help="the fused kernels' tiles to compare, comma-separated "
-                                                  "NxSPLITxWARPS[xK[xSTAGES[xSTEPS]]] (default: demo.fused.Tiles())")
+                                                  "'default' or FIELD=N[:FIELD=N] of demo.fused.Tiles")
     p.add_argument("--compile", action="store_true", help="each width compiled too (GPU)")
     p.add_argument("--floor", action="store_true", help="the weights' bytes over the copy bandwidth (GPU)")
     p.add_argument("--context", type=int, default=ForwardConfig.context)

@@ -395,18 +395,19 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
     assert all(out == outs[0] for out in outs)
 
 
-@pytest.mark.parametrize("tiles,tree", [("32x1x4", None), ("16x2x2x128", None), ("32x1x4", TreeShape(4, 16))],
+@pytest.mark.parametrize("tiles,tree", [("default", None), ("block_m=64:head_split=2:steps=3", None),
+                                        ("default", TreeShape(4, 16))],
                          ids=["chain", "chain-split-grid", "tree"])
 def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed; a tree's nodes attend
     # to their ancestors in slot order (demo.attend.seen_slots), as target-only attends to the path;
-    # whatever the grid and input step (heads of 64 split between two programs each with 16x2x2x128)
+    # whatever the tiles (heads of 64 split between two programs each, 64-row tiles, a split input)
     from demo import fused
 
     fused.set_tiles(fused.Tiles.parse(tiles))
     try:
-        _fused_speculation_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "32x1x4" else HEADS_OF_64, tree)
+        _fused_speculation_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "default" else HEADS_OF_64, tree)
     finally:
         fused.set_tiles(fused.Tiles())
 

@@ -31,8 +31,9 @@ def check_ops() -> None:
 
     g = torch.Generator().manual_seed(0)
     cases = ((3, 64, 96, fused.Tiles()), (13, 100, 40, fused.Tiles()), (1, 576, 200, fused.Tiles()),
-             (13, 100, 40, fused.Tiles(16, 2, 2)), (13, 300, 40, fused.Tiles(32, 1, 4, 128, 2)),
-             (13, 576, 40, fused.Tiles(32, 1, 4, 64, 3, 4)), (20, 100, 72, fused.Tiles(32, 1, 4, 64, 3, 1)))
+             (13, 100, 40, fused.Tiles(block_n=16, head_split=2, num_warps=2)),
+             (13, 300, 40, fused.Tiles(block_k=128, num_stages=2)), (40, 100, 40, fused.Tiles(block_m=32)),
+             (13, 576, 40, fused.Tiles(steps=4)), (20, 100, 72, fused.Tiles(steps=1, block_m=32)))
     for R, K, N, tiles in cases:
         fused.set_tiles(tiles)
         x = torch.randn(R, K, generator=g)
@@ -62,7 +63,7 @@ def check_qkv_rope() -> None:
     head, and (heads of 64) with each head's columns split between two programs."""
     from demo import fused
 
-    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(16, 2, 2, 32))):
+    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(block_m=32, head_split=2, num_warps=2, block_k=32))):
         fused.set_tiles(tiles)
         check_qkv_rope_of(hd)
 

@@ -129,9 +129,10 @@ def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_a
 def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_and_refuses_a_malformed_one():
     from demo.perf_forward import parse_args, variants
 
-    config = parse_args(["--kernels", "torch,fused", "--tiles", "32x1x4,16x2x2x128x4", "--device", "cpu"])
-    assert variants(config) == [("torch", None), ("fused", "32x1x4"), ("fused", "16x2x2x128x4")]
+    config = parse_args(["--kernels", "torch,fused", "--tiles", "default,block_n=16:steps=3", "--device", "cpu"])
+    assert variants(config) == [("torch", None), ("fused", "default"), ("fused", "block_n=16:steps=3")]
     assert variants(parse_args(["--kernels", "fused", "--device", "cpu"])) == [("fused", None)]
-    for bad in ("16x2", "24x1x4", "16x3x4", "16x1x3", "32x1x4x48", "32x1x4x64x0", "32x1x4x64x3x1"):
+    for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
+                "block_m", "rows=16"):
         with pytest.raises(SystemExit):
             parse_args(["--kernels", "fused", "--tiles", bad, "--device", "cpu"])
