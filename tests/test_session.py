@@ -359,14 +359,18 @@ def test_the_speedup_compares_engine_time_of_both_runs_not_the_time_spent_drawin
 def test_in_bf16_compare_checks_the_reply_against_target_only_run_at_the_verifications_width():
     # a 1-row target-only step and a 4-row verification round differently in bf16 (near-ties flip);
     # target-only run 4 rows wide computes every token as the verification does: the exact reference
+    # (which prompts flip a near-tie depends on the CPU's kernels: some of these six do on each machine seen)
     session = tiny_session(dtype=torch.bfloat16)
-    request = Request.of("hello there", method="eagle3", num_spec_tokens=3, max_new_tokens=48, compare=True)
-    final = list(session.generate(request))[-1]
-    c = final.chat.comparison
-    spec = [p.token_id for p in final.chat.turns[-1].pieces]
-    one_row = [p.token_id for p in c.baseline.pieces]
-    assert c.reference_width == 4 and c.identical is True and c.first_difference is None
-    assert c.one_row_difference is not None  # this prompt's 1-row run flips a near-tie (at token 28 here)
-    assert c.one_row_difference == first_difference(one_row, spec)
+    flips = []
+    for text in ("hello there", "the sea", "zz", "0123", "yes", "compare me"):
+        request = Request.of(text, method="eagle3", num_spec_tokens=3, max_new_tokens=96, compare=True)
+        final = list(session.generate(request))[-1]
+        c = final.chat.comparison
+        spec = [p.token_id for p in final.chat.turns[-1].pieces]
+        one_row = [p.token_id for p in c.baseline.pieces]
+        assert c.reference_width == 4 and c.identical is True and c.first_difference is None, text
+        assert c.one_row_difference == first_difference(one_row, spec), text
+        flips.append(c.one_row_difference)
+    assert any(f is not None for f in flips)  # a 1-row run flipped a near-tie, and the reply still held
     fp32 = list(tiny_session().generate(request))[-1].chat.comparison
     assert fp32.reference_width == 1 and fp32.one_row_difference is None and fp32.identical is True
