@@ -25,10 +25,10 @@ with every other kernel computing a row alike at any width (``demo.fused``), eac
 target-only's, bit for bit, and a bf16 tree emits target-only's tokens (tests/test_fused.py in
 Triton's interpreter; tests/test_cuda.py on a GPU).
 
-The output comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output projection
-reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA graphs capture
-them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a CPU, for head
-sizes ``tl.dot`` cannot take, or with ``demo.kernels`` at "torch", SDPA runs.
+The output comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output
+projection reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA
+graphs capture them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a
+CPU, for head sizes ``tl.dot`` cannot take, or with ``demo.kernels`` at "torch", SDPA runs.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ if HAVE_TRITON:
             if ORDERED:  # the n-th seen slot of this row (-1: past its last)
                 slot = tl.load(mask_ptr + b * mask_sb + part * mask_sm + n, mask=inside, other=-1)
                 inside = slot >= 0
-                seen = (live[:, None] & inside[None, :])
+                seen = live[:, None] & inside[None, :]
             else:
                 slot = n
                 seen = tl.load(mask_base + n[None, :], mask=live[:, None] & inside[None, :], other=0) != 0
