@@ -63,8 +63,8 @@ class Tiles:
     num_warps: int = 4
     block_k: int = 64  # the input step (the norm's sum of squares and the multiply's)
     num_stages: int = 3  # Triton's software pipelining of the input loop
-    steps: int = 0  # fused_linear: at most this many input steps a program (0: the whole input); a
-    # split input's partial sums are added in split order by the tile's last program (SPLIT_BELOW)
+    steps: int = 0  # at most this many input steps a program (0: the whole input); a split input's
+    # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -92,7 +92,7 @@ class Tiles:
 
 
 TILES = Tiles()
-SPLIT_BELOW = 256  # a fused_linear launch of fewer (row, column) tiles than this splits its input (Tiles.steps)
+SPLIT_BELOW = 256  # a launch of fewer (row, column) tiles than this splits its input (Tiles.steps)
 
 
 def set_tiles(tiles: Tiles) -> None:
@@ -159,15 +159,31 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
     nkv, hd = k_cache.shape[1], k_cache.shape[3]
     q = torch.empty(R, num_heads, hd, dtype=x.dtype, device=x.device)
     split = max(1, min(TILES.head_split, hd // 2 // MIN_PART))
-    grid = (triton.cdiv(R, TILES.block_m), (num_heads + 2 * nkv) * split)
-    kernel[grid](x, norm_weight, weight, x if bias is None else bias, cos, sin, slots, k_cache, v_cache, q,
-                 R, K, eps, rows_per_batch, num_heads, nkv, x.stride(0), weight.stride(0), cos.stride(0),
-                 sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                 BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, BLOCK_M=TILES.block_m,
-                 BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32, num_warps=TILES.num_warps,
-                 num_stages=TILES.num_stages)
+    tiles = (triton.cdiv(R, TILES.block_m), (num_heads + 2 * nkv) * split)
+    splits, chunk = input_splits(K, tiles)
+    if splits > 1:  # each split's sums of the stacked q/k/v columns, and a count per tile of the splits done
+        partial = torch.empty(splits, R, weight.shape[0], dtype=torch.float32, device=x.device)
+        done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
+    else:
+        partial, done = q, q  # unused
+    kernel[(*tiles, splits)](x, norm_weight, weight, x if bias is None else bias, cos, sin, slots, k_cache, v_cache,
+                             q, partial, done, R, K, chunk, eps, rows_per_batch, num_heads, nkv, x.stride(0),
+                             weight.stride(0), cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1),
+                             k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                             BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, SPLITS=splits,
+                             BLOCK_M=TILES.block_m, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
+                             num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return q
+
+
+def input_splits(K: int, tiles: tuple[int, int]) -> tuple[int, int]:
+    """(splits, chunk): how many programs share a tile's input of K columns, and the columns each takes
+    (a multiple of block_k): one, unless Tiles.steps asks for fewer steps a program and the launch has
+    fewer than SPLIT_BELOW tiles."""
+    steps = triton.cdiv(K, TILES.block_k)
+    splits = triton.cdiv(steps, TILES.steps) if TILES.steps and tiles[0] * tiles[1] < SPLIT_BELOW else 1
+    chunk = triton.cdiv(steps, splits) * TILES.block_k
+    return triton.cdiv(K, chunk), chunk
 
 
 def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kernel) -> torch.Tensor:
@@ -177,10 +193,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
     tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
-    steps = triton.cdiv(K, TILES.block_k)
-    splits = triton.cdiv(steps, TILES.steps) if TILES.steps and tiles[0] * tiles[1] < SPLIT_BELOW else 1
-    chunk = triton.cdiv(steps, splits) * TILES.block_k  # the input columns a split takes
-    splits = triton.cdiv(K, chunk)
+    splits, chunk = input_splits(K, tiles)
     if splits > 1:  # each split's partial sums, and a count per tile of the splits done (back to 0 after)
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
         done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
@@ -296,29 +309,61 @@ if HAVE_TRITON:
         tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], y.to(dt), mask=live[:, None] & used[None, :])
 
     @triton.jit
-    def _qkv_rope(x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr,
-                  R, K, eps: tl.constexpr, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
+    def _qkv_rope(x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr, partial_ptr,
+                  done_ptr, R, K, chunk, eps: tl.constexpr, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
                   k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                  BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                  BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, SPLITS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         head = tl.program_id(1) // (HALF // PART)  # q heads, then k heads, then v heads: the stacked weight's order
         half = (tl.program_id(1) % (HALF // PART)) * PART + tl.arange(0, PART)  # this program's columns of a half
+        split = tl.program_id(2)  # which input columns: [split * chunk, (split + 1) * chunk)
         live = rows < R
         first = head * 2 * HALF + half  # the same columns of the head's two halves
         second = first + HALF
-        dt = q_ptr.dtype.element_ty
         x_rows = x_ptr + rows[:, None] * x_stride
         inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
         a = tl.zeros((BLOCK_M, PART), dtype=tl.float32)
         b = tl.zeros((BLOCK_M, PART), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
+        for start in range(split * chunk, tl.minimum(split * chunk + chunk, K), BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             inside = k < K
             xv = _normed(tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0), norm_ptr, k,
                          inside, inv)
             a += _dot(xv, _weight_tile(w_ptr, first, w_stride, k, inside[:, None]), IEEE)
             b += _dot(xv, _weight_tile(w_ptr, second, w_stride, k, inside[:, None]), IEEE)
+        if SPLITS == 1:
+            _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr,
+                        v_ptr, q_ptr, M, NH, NKV, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                        BIAS, HALF)
+        else:  # leave this split's sums; the tile's last split to finish adds them all, in split order
+            width = (NH + 2 * NKV) * 2 * HALF
+            at = partial_ptr + rows[:, None] * width  # split 0's rows
+            tl.store(at + split * R * width + first[None, :], a, mask=live[:, None])
+            tl.store(at + split * R * width + second[None, :], b, mask=live[:, None])
+            tl.debug_barrier()  # every thread's stores before the count
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            if tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                tl.debug_barrier()  # the count read before any thread reads the others' sums
+                a = tl.load(at + first[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
+                b = tl.load(at + second[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
+                for s in range(1, SPLITS):
+                    a += tl.load(at + s * R * width + first[None, :], mask=live[:, None], other=0.0,
+                                 cache_modifier=".cg")
+                    b += tl.load(at + s * R * width + second[None, :], mask=live[:, None], other=0.0,
+                                 cache_modifier=".cg")
+                _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr,
+                            v_ptr, q_ptr, M, NH, NKV, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                            BIAS, HALF)
+                tl.store(done_ptr + tile, 0)  # as it was, for whoever reuses the buffer
+
+    @triton.jit
+    def _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
+                    q_ptr, M, NH, NKV, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                    BIAS: tl.constexpr, HALF: tl.constexpr):
+        """A head's two halves from their fp32 sums: + bias, rounded; RoPE on q and k; q stored, k and v
+        written into the caches at the rows' slots."""
+        dt = q_ptr.dtype.element_ty
         if BIAS:
             a += tl.load(bias_ptr + first).to(tl.float32)[None, :]
             b += tl.load(bias_ptr + second).to(tl.float32)[None, :]

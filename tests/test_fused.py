@@ -60,10 +60,12 @@ def check_ops() -> None:
 def check_qkv_rope() -> None:
     """norm_qkv_rope gives eager's q (rotated) and writes eager's k (rotated) and v at each row's slot,
     touching no other slot; each row's q the same bits alone as beside others; with one program per
-    head, and (heads of 64) with each head's columns split between two programs."""
+    head, with (heads of 64) each head's columns split between two programs, and with the input split
+    between three programs."""
     from demo import fused
 
-    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(block_m=32, head_split=2, num_warps=2, block_k=32))):
+    for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(block_m=32, head_split=2, num_warps=2, block_k=32)),
+                      (32, fused.Tiles(block_k=16, steps=1))):
         fused.set_tiles(tiles)
         check_qkv_rope_of(hd)
 
