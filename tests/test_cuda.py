@@ -395,14 +395,15 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
     assert all(out == outs[0] for out in outs)
 
 
-@pytest.mark.parametrize("tiles,tree", [("default", None), ("block_m=64:head_split=2:steps=3", None),
+@pytest.mark.parametrize("tiles,tree", [("default", None), ("block_m=64:head_split=2:block_k=16:steps=1", None),
                                         ("default", TreeShape(4, 16))],
-                         ids=["chain", "chain-split-grid", "tree"])
+                         ids=["chain", "chain-other-tiles", "tree"])
 def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed; a tree's nodes attend
     # to their ancestors in slot order (demo.attend.seen_slots), as target-only attends to the path;
-    # whatever the tiles (heads of 64 split between two programs each, 64-row tiles, a split input)
+    # whatever the tiles (heads of 64 split between two programs each, 64-row tiles, the input split
+    # in 16-column steps, one a program)
     from demo import fused
 
     fused.set_tiles(fused.Tiles.parse(tiles))
