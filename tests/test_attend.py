@@ -160,7 +160,7 @@ def check_engine_lossless() -> None:
     from demo.target import Target
 
     prompt = [1, 17, 99, 4, 250, 31, 8]
-    hf = tiny_hf("llama")
+    hf = tiny_hf("llama", num_hidden_layers=3)  # few layers: the interpreter is slow
     ref = hf_greedy(hf, prompt, 20)
     target = Target(hf)
     for method, k, tree in (("none", 0, None), ("eagle", 3, None), ("eagle3", 3, TreeShape(3, 8))):
