@@ -118,27 +118,26 @@ def check_tree_rows() -> None:
     for p in parents[1:].tolist():
         depth.append(depth[p] + 1)
     n, root, S = parents.shape[0], 124, 256  # the tree crosses the attention's split edge at 128
-    for heads in (dict(num_attention_heads=2, num_key_value_heads=1),):
-        target = Target(tiny_hf("llama", num_hidden_layers=2, **heads))
-        target.setup_cache(S)
-        g = torch.Generator().manual_seed(3)
-        prompt = torch.randint(3, 256, (1, root), generator=g)
-        tokens = torch.randint(3, 256, (1, n), generator=g)
-        with torch.inference_mode():
-            target.forward(prompt, torch.arange(root).view(1, -1), attend=S)
-            saved = target.cache.k.clone(), target.cache.v.clone()
-            mask = tree_attention_mask(parents, max(depth), torch.tensor(root), S)
-            tree = target.forward(tokens, root + torch.tensor([depth]), slots=root + torch.arange(n).view(1, -1),
-                                  mask=mask, attend=S).logits
-            for leaf in (4, 8):  # paths of depth 2 and 5
-                path = [leaf]
-                while path[-1]:
-                    path.append(int(parents[path[-1]]))
-                target.cache.k.copy_(saved[0])
-                target.cache.v.copy_(saved[1])
-                for j, node in enumerate(path[::-1]):
-                    step = target.forward(tokens[:, node:node + 1], torch.tensor([[root + j]]), attend=S).logits
-                    assert torch.equal(step[0, 0], tree[0, node]), (heads, leaf, node)
+    target = Target(tiny_hf("llama", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    target.setup_cache(S)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 256, (1, root), generator=g)
+    tokens = torch.randint(3, 256, (1, n), generator=g)
+    with torch.inference_mode():
+        target.forward(prompt, torch.arange(root).view(1, -1), attend=S)
+        saved = target.cache.k.clone(), target.cache.v.clone()
+        mask = tree_attention_mask(parents, max(depth), torch.tensor(root), S)
+        tree = target.forward(tokens, root + torch.tensor([depth]), slots=root + torch.arange(n).view(1, -1),
+                              mask=mask, attend=S).logits
+        for leaf in (4, 8):  # paths of depth 2 and 5
+            path = [leaf]
+            while path[-1]:
+                path.append(int(parents[path[-1]]))
+            target.cache.k.copy_(saved[0])
+            target.cache.v.copy_(saved[1])
+            for j, node in enumerate(path[::-1]):
+                step = target.forward(tokens[:, node:node + 1], torch.tensor([[root + j]]), attend=S).logits
+                assert torch.equal(step[0, 0], tree[0, node]), (leaf, node)
 
 
 def check_generations() -> None:
