@@ -194,7 +194,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
     tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
     splits, chunk = input_splits(K, tiles)
-    if splits > 1:  # each split's partial sums, and a count per tile of the splits done (back to 0 after)
+    if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
         done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
     else:
@@ -276,20 +276,30 @@ if HAVE_TRITON:
             tl.store(at + split * R * width, acc, mask=where)
             if GATED:
                 tl.store(at + split * R * width + N, up, mask=where)
-            tl.debug_barrier()  # every thread's stores before the count
-            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-            if tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                tl.debug_barrier()  # the count read before any thread reads the others' sums
-                acc = tl.load(at, mask=where, other=0.0, cache_modifier=".cg")
+            if _last_split(done_ptr, SPLITS):
+                acc = _split_sum(at, R * width, where, SPLITS)
                 if GATED:
-                    up = tl.load(at + N, mask=where, other=0.0, cache_modifier=".cg")
-                for s in range(1, SPLITS):
-                    acc += tl.load(at + s * R * width, mask=where, other=0.0, cache_modifier=".cg")
-                    if GATED:
-                        up += tl.load(at + s * R * width + N, mask=where, other=0.0, cache_modifier=".cg")
+                    up = _split_sum(at + N, R * width, where, SPLITS)
                 _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
                         BIAS, GATED, RESIDUAL)
-                tl.store(done_ptr + tile, 0)  # as it was, for whoever reuses the buffer
+
+    @triton.jit
+    def _last_split(done_ptr, SPLITS: tl.constexpr):
+        """Called once a program has stored its split's sums: whether it is the last of its tile's
+        splits to get here (done_ptr counts them per tile, from a zeroed buffer), and so may read them all."""
+        tl.debug_barrier()  # every thread's stores before the count
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        last = tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        tl.debug_barrier()  # the count read before any thread reads the others' sums
+        return last
+
+    @triton.jit
+    def _split_sum(ptrs, split_stride, mask, SPLITS: tl.constexpr):
+        """The splits' sums at ptrs (split s's at ptrs + s * split_stride), added in split order."""
+        total = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, SPLITS):
+            total += tl.load(ptrs + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+        return total
 
     @triton.jit
     def _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
@@ -341,21 +351,12 @@ if HAVE_TRITON:
             at = partial_ptr + rows[:, None] * width  # split 0's rows
             tl.store(at + split * R * width + first[None, :], a, mask=live[:, None])
             tl.store(at + split * R * width + second[None, :], b, mask=live[:, None])
-            tl.debug_barrier()  # every thread's stores before the count
-            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-            if tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                tl.debug_barrier()  # the count read before any thread reads the others' sums
-                a = tl.load(at + first[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
-                b = tl.load(at + second[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg")
-                for s in range(1, SPLITS):
-                    a += tl.load(at + s * R * width + first[None, :], mask=live[:, None], other=0.0,
-                                 cache_modifier=".cg")
-                    b += tl.load(at + s * R * width + second[None, :], mask=live[:, None], other=0.0,
-                                 cache_modifier=".cg")
+            if _last_split(done_ptr, SPLITS):
+                a = _split_sum(at + first[None, :], R * width, live[:, None], SPLITS)
+                b = _split_sum(at + second[None, :], R * width, live[:, None], SPLITS)
                 _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr,
                             v_ptr, q_ptr, M, NH, NKV, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                             BIAS, HALF)
-                tl.store(done_ptr + tile, 0)  # as it was, for whoever reuses the buffer
 
     @triton.jit
     def _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr,
