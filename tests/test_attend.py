@@ -2,9 +2,6 @@
 under Triton's interpreter (numpy on the CPU, in a process started with TRITON_INTERPRET=1: Triton
 reads it when it is imported); tests/test_cuda.py runs them compiled and captured on a GPU."""
 
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from demo import attend as attend_module
+from tests.interpreted import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -116,10 +114,7 @@ def test_split_attention_matches_sdpa_and_each_row_is_computed_alone_and_a_tree_
             f"for case in {CASES!r}:\n    check_against_sdpa(*case)\n"
             f"for case in {ORDERED_CASES!r}:\n    check_in_slot_order(*case)\n"
             "check_rows_alone(128)\ncheck_rows_alone(64)\ncheck_tree_rows_as_paths(64)\nprint('checked')")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "checked" in out.stdout
+    run_interpreted(code)
 
 
 def test_on_a_cpu_attend_is_sdpa():
@@ -173,10 +168,7 @@ def check_engine_lossless() -> None:
 def test_generations_through_the_kernels_keep_target_greedy_tokens():
     code = ("from demo import kernels\nassert kernels.INTERPRETED\nkernels.set_kernels('attention')\n"
             "import tests.test_attend as t\nt.check_engine_lossless()\nprint('checked')")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "checked" in out.stdout
+    run_interpreted(code)
 
 
 def test_seen_slots_lists_each_rows_seen_slots_in_order_and_mask_of_gives_the_mask_back():

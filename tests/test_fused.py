@@ -2,24 +2,19 @@
 width. The kernels run here under Triton's interpreter, in fp32 (numpy on the CPU, in a process
 started with TRITON_INTERPRET=1); tests/test_cuda.py runs them in bf16, compiled and captured."""
 
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.interpreted import run_interpreted
+
 pytest.importorskip("triton")
 
 
 def _run_interpreted(code: str) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-c", code + "\nprint('checked')"], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "checked" in out.stdout
+    run_interpreted(code + "\nprint('checked')")
 
 
 def check_ops() -> None:

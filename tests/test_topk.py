@@ -2,14 +2,12 @@
 Triton's interpreter (numpy on the CPU, in a process started with TRITON_INTERPRET=1: Triton
 reads it when it is imported); tests/test_cuda.py runs it compiled and captured on a GPU."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from demo.topk import BLOCK, row_topk
+from tests.interpreted import run_interpreted
 
 pytest.importorskip("triton")
 WIDTHS = (64, BLOCK, BLOCK + 1, 3 * BLOCK, 49152 + 77)
@@ -44,10 +42,7 @@ def test_two_passes_give_each_rows_k_largest_entries_largest_first():
     cases = [(w, k) for w in WIDTHS for k in (1, 8, 20)]  # 64 and BLOCK wide: one pass
     code = ("from tests.test_topk import check_two_passes\n"
             f"for w, k in {cases!r}:\n    check_two_passes(w, k)\nprint('checked', {len(cases)})")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert f"checked {len(cases)}" in out.stdout
+    run_interpreted(code, expect=f"checked {len(cases)}", timeout=600)
 
 
 def test_on_a_cpu_row_topk_is_torch_topk():
