@@ -92,7 +92,7 @@ class Tiles:
 
 
 TILES = Tiles()
-SPLIT_BELOW = 256  # a launch of fewer (row, column) tiles than this splits its input (Tiles.steps)
+SPLIT_BELOW = 256  # a projection of fewer column tiles than this splits its input (Tiles.steps): not the head
 
 
 def set_tiles(tiles: Tiles) -> None:
@@ -160,7 +160,7 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
     q = torch.empty(R, num_heads, hd, dtype=x.dtype, device=x.device)
     split = max(1, min(TILES.head_split, hd // 2 // MIN_PART))
     tiles = (triton.cdiv(R, TILES.block_m), (num_heads + 2 * nkv) * split)
-    splits, chunk = input_splits(K, tiles)
+    splits, chunk = input_splits(K, tiles[1])
     if splits > 1:  # each split's sums of the stacked q/k/v columns, and a count per tile of the splits done
         partial = torch.empty(splits, R, weight.shape[0], dtype=torch.float32, device=x.device)
         done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
@@ -176,12 +176,14 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
     return q
 
 
-def input_splits(K: int, tiles: tuple[int, int]) -> tuple[int, int]:
+def input_splits(K: int, column_tiles: int) -> tuple[int, int]:
     """(splits, chunk): how many programs share a tile's input of K columns, and the columns each takes
-    (a multiple of block_k): one, unless Tiles.steps asks for fewer steps a program and the launch has
-    fewer than SPLIT_BELOW tiles."""
+    (a multiple of block_k): one, unless Tiles.steps asks for fewer steps a program and a row of tiles
+    holds fewer than SPLIT_BELOW. The rows never count: a split sums in another order, so a 97-row
+    verification that did not split (it has enough tiles without) would round its rows otherwise
+    than a 1-row step that does."""
     steps = triton.cdiv(K, TILES.block_k)
-    splits = triton.cdiv(steps, TILES.steps) if TILES.steps and tiles[0] * tiles[1] < SPLIT_BELOW else 1
+    splits = triton.cdiv(steps, TILES.steps) if TILES.steps and column_tiles < SPLIT_BELOW else 1
     chunk = triton.cdiv(steps, splits) * TILES.block_k
     return triton.cdiv(K, chunk), chunk
 
@@ -193,7 +195,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
     tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
-    splits, chunk = input_splits(K, tiles)
+    splits, chunk = input_splits(K, tiles[1])
     if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
         done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
