@@ -17,13 +17,17 @@ split adds exact zeros, so a wider bucket gives the same bits). Over one split t
 writes the output itself. A row's result depends on its own query, mask row, the cache and SPLIT
 only, never on how many rows run beside it.
 
-A tree's verification passes its mask in slot order (``seen_slots``: each row's seen slots, in
-increasing order): a program then takes one query row's heads and walks that row's seen slots side
-by side, so a node whose ancestors lie scattered over the tree's slots sums them in the blocks and
-lanes where target-only, decoding that path one token at a time, finds them at contiguous slots:
-with every other kernel computing a row alike at any width (``demo.fused``), each node's logits are
+A decoding step's forwards pass their masks in slot order (``seen_slots``, ``causal_seen_slots``:
+each row's seen slots, in increasing order): a program then takes one query row's heads and walks
+that row's seen slots side by side, so a tree node whose ancestors lie scattered over the tree's
+slots sums them in the blocks and lanes where target-only, decoding that path one token at a time,
+finds them at contiguous slots. Target-only's steps and a chain's verification attend in slot order
+too (``ORDERED_ROWS``): on an H200 the packed and the slot-order kernels, compiled apart, round a
+few rows differently on the same keys (6 of a 65-node tree's rows at the default target's shape,
+tests/test_cuda.py), so every row a decoding step computes goes through the one kernel. With every
+other kernel computing a row alike at any width (``demo.fused``), each node's logits are
 target-only's, bit for bit, and a bf16 tree emits target-only's tokens (tests/test_fused.py in
-Triton's interpreter; tests/test_cuda.py on a GPU).
+Triton's interpreter; tests/test_cuda.py on a GPU). A prefill's rows, wider, are packed.
 
 The output comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output
 projection reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA
@@ -44,6 +48,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+ORDERED_ROWS = 256  # forwards of at most this many query rows (every decoding step's) attend in slot order
 BLOCK_M = 16  # query rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
 BLOCK_N = 64  # slots per inner step
 SPLIT = 128  # slots per program (a multiple of BLOCK_N)
@@ -76,6 +81,13 @@ def seen_slots(mask: torch.Tensor) -> torch.Tensor:
     slots = torch.arange(S, dtype=torch.int32, device=mask.device).expand(mask.shape)
     order = torch.full((*mask.shape[:-1], S + 1), -1, dtype=torch.int32, device=mask.device)
     return order.scatter_(-1, place.long(), slots)[..., :S]  # column S took the unseen slots
+
+
+def causal_seen_slots(positions: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """``seen_slots(causal_slot_mask(positions, num_slots))`` without the mask: a query at position p
+    sees slots 0..p. positions [B, q] -> [B, 1, q, S] int32."""
+    slots = torch.arange(num_slots, dtype=torch.int32, device=positions.device)
+    return torch.where(slots[None, None, None, :] <= positions[:, None, :, None], slots, -1)
 
 
 def mask_of(order: torch.Tensor) -> torch.Tensor:

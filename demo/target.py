@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from demo.attend import attend, orders_slots, seen_slots
+from demo.attend import ORDERED_ROWS, attend, causal_seen_slots, orders_slots, seen_slots
 from demo.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
 from demo.kv_cache import KVCache
 from demo.layers import (attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked,
@@ -176,8 +176,9 @@ class Target:
                 attend: int | None = None) -> TargetOutput:
         """Run tokens at positions through the decoder, writing their K/V into the cache at `slots`
         (default: the positions) and attending as `mask` allows (default: causal over the slots; a
-        draft tree passes its own, demo/tree.py, which the Triton attention takes in slot order,
-        demo.attend.seen_slots). `aux_layers` names the residual streams to return
+        draft tree passes its own, demo/tree.py). The Triton attention takes a decoding step's masks
+        (up to ORDERED_ROWS rows) in slot order, demo.attend.seen_slots, so that a tree's nodes, a
+        chain's rows and a 1-row step all run its one kernel. `aux_layers` names the residual streams to return
         (id i: the stream entering layer i), in that order. Logits are computed at every row, the last
         only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names. `attend`: attend over
         the first `attend` cache slots only (every slot a query may see, and every slot written,
@@ -192,12 +193,13 @@ class Target:
         sin = self.sin[positions].unsqueeze(1)
         slots = positions if slots is None else slots
         S = cache.capacity if attend is None else attend
-        if mask is None:
-            mask = causal_slot_mask(positions, S)  # [B, 1, q, S]
+        in_order = tokens.shape[1] <= ORDERED_ROWS and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads)
+        if mask is None:  # causal over the slots: [B, 1, q, S] bool, or each row's seen slots, int32
+            mask = causal_seen_slots(positions, S) if in_order else causal_slot_mask(positions, S)
         else:
             mask = mask[..., :S]
-            if orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads):  # a tree's nodes sum their
-                mask = seen_slots(mask)  # ancestors as target-only sums the path: int32 [B, 1, q, S]
+            if in_order:  # a tree's nodes sum their ancestors as target-only sums the path
+                mask = seen_slots(mask)  # int32 [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
         fused = fused_runs(x, self.act)  # demo.fused's kernels (demo.kernels "fused", on a GPU)
         for i, layer in enumerate(self.layers):

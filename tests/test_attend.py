@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from demo import attend as attend_module
+from demo.layers import causal_slot_mask
 from tests.interpreted import run_interpreted
 
 pytest.importorskip("triton")
@@ -179,3 +180,6 @@ def test_seen_slots_lists_each_rows_seen_slots_in_order_and_mask_of_gives_the_ma
     assert torch.equal(attend_module.mask_of(order), mask)
     causal = torch.arange(6)[None, None, None, :] <= torch.tensor([2, 5])[None, None, :, None]
     assert attend_module.seen_slots(causal)[0, 0].tolist() == [[0, 1, 2, -1, -1, -1], [0, 1, 2, 3, 4, 5]]
+    positions = torch.tensor([[2, 5], [0, 3]])  # batch 2: a decoding step's causal rows, in slot order directly
+    assert torch.equal(attend_module.causal_seen_slots(positions, 6),
+                       attend_module.seen_slots(causal_slot_mask(positions, 6)))

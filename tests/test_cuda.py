@@ -395,10 +395,12 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
     assert all(out == outs[0] for out in outs)
 
 
-@pytest.mark.parametrize("tiles,tree", [("default", None), ("block_m=64:head_split=2:block_k=16:steps=1", None),
-                                        ("default", TreeShape(4, 16))],
-                         ids=["chain", "chain-other-tiles", "tree"])
-def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, fused_kernels):
+@pytest.mark.parametrize("tiles,tree,oracle", [("default", None, False),
+                                               ("block_m=64:head_split=2:block_k=16:steps=1", None, False),
+                                               ("default", TreeShape(4, 16), False), ("default", TreeShape(4, 16), True)],
+                         ids=["chain", "chain-other-tiles", "tree", "tree-deep-paths"])
+def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, oracle,
+                                                                                      fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed; a tree's nodes attend
     # to their ancestors in slot order (demo.attend.seen_slots), as target-only attends to the path;
@@ -408,7 +410,7 @@ def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on
 
     fused.set_tiles(fused.Tiles.parse(tiles))
     try:
-        _fused_speculation_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "default" else HEADS_OF_64, tree)
+        _fused_speculation_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "default" else HEADS_OF_64, tree, oracle)
     finally:
         fused.set_tiles(fused.Tiles())
 
@@ -416,14 +418,62 @@ def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on
 HEADS_OF_64 = dict(num_attention_heads=1, num_key_value_heads=1)
 
 
-def _fused_speculation_gives_target_onlys_tokens(heads: dict, tree: TreeShape | None) -> None:
+def _fused_speculation_gives_target_onlys_tokens(heads: dict, tree: TreeShape | None, oracle: bool) -> None:
+    # a random drafter's drafts are mostly rejected, so its trees emit what the root's row computes;
+    # an oracle of target-only's tokens (wrong every 5th) has deep paths accepted
     hf = tiny_hf("llama", vocab_size=2000, **heads).to("cuda", torch.bfloat16)
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target)
     for seed in range(4):
         prompt = torch.randint(3, 2000, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
         for mode in ("eager", "cudagraph"):
-            engine = Engine(target, drafter, mode=mode, max_context=160)
+            ref = _tokens(Engine(target, None, mode=mode, max_context=160), prompt, max_new_tokens=96,
+                          stop_token_ids=())
+            engine = Engine(target, corrupted_oracle(prompt + ref, target) if oracle else drafter, mode=mode,
+                            max_context=160)
             spec = _tokens(engine, prompt, max_new_tokens=96, num_spec_tokens=7, tree=tree, stop_token_ids=())
-            ref = _tokens(engine, prompt, max_new_tokens=96, num_spec_tokens=0, stop_token_ids=())
             assert spec == ref, (seed, mode)
+
+
+def _random_tree(n: int, seed: int) -> torch.Tensor:
+    """parents [n] of a tree whose node ids grow with depth (node 0 the root), up to 8 children a node."""
+    g = torch.Generator().manual_seed(seed)
+    parents, level = [0], [0]
+    while len(parents) < n:
+        nxt = []
+        for p in level:
+            for _ in range(int(torch.randint(1, 5, (1,), generator=g))):
+                if len(parents) < n:
+                    nxt.append(len(parents))
+                    parents.append(p)
+        level = nxt
+    return torch.tensor(parents)
+
+
+@pytest.mark.parametrize("context", [40, 200], ids=["short", "past-a-split"])
+def test_a_bf16_tree_verification_gives_each_node_the_logits_of_one_row_steps_along_its_path(context, fused_kernels):
+    # the whole target forward, at the default target's shape (random weights): a tree's nodes, their
+    # ancestors scattered over the tree's slots, against 1-row forwards along each node's path
+    from demo.perf_forward import random_target
+    from demo.tree import ancestors, tree_attention_mask
+
+    target = random_target("smollm2-135m", "cuda", torch.bfloat16, 1024)
+    g = torch.Generator().manual_seed(context)
+    prompt = torch.randint(3, 49152, (1, context), generator=g).cuda()
+    target.forward(prompt, torch.arange(context, device="cuda").view(1, -1), attend=512)
+    parents = _random_tree(65, seed=context)
+    depths = ancestors(parents, 64).sum(-1) - 1  # ancestors-or-self, less the node itself
+    tokens = torch.randint(3, 49152, (1, 65), generator=g).cuda()
+    mask = tree_attention_mask(parents.cuda(), int(depths.max()), torch.tensor(context, device="cuda"), 1024)
+    tree = target.forward(tokens, (context + depths).view(1, -1).cuda(), attend=512,
+                          slots=(context + torch.arange(65)).view(1, -1).cuda(), mask=mask).logits[0]
+    differ = []
+    for node in range(65):
+        path = [node]
+        while path[-1]:
+            path.append(int(parents[path[-1]]))
+        for j, a in enumerate(path[::-1]):
+            row = target.forward(tokens[:, a:a + 1], torch.tensor([[context + j]], device="cuda"), attend=512).logits
+        if not torch.equal(row[0, -1], tree[node]):
+            differ.append((node, int(depths[node])))
+    assert not differ, f"(node, depth) whose logits differ: {differ}"
