@@ -168,7 +168,15 @@ if HAVE_TRITON:
         k_base = k_ptr + b * k_sb + kv * k_sh
         v_base = v_ptr + b * v_sb + kv * v_sh
         mask_base = mask_ptr + b * mask_sb + m[:, None] * mask_sm
-        for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, S), BLOCK_N):
+        lo = split * SPLIT
+        hi = tl.minimum(lo + SPLIT, S)
+        if ORDERED:  # the row's seen slots come first: stop after the last block holding one (a block
+            # that sees nothing would add exact zeros, and a split past the row's last slot does nothing)
+            ahead = lo + tl.arange(0, SPLIT)
+            order = tl.load(mask_ptr + b * mask_sb + part * mask_sm + ahead, mask=ahead < S, other=-1)
+            seen_here = tl.sum((order >= 0).to(tl.int32), axis=0)
+            hi = tl.minimum(hi, lo + (seen_here + BLOCK_N - 1) // BLOCK_N * BLOCK_N)
+        for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             inside = n < S
             if ORDERED:  # the n-th seen slot of this row (-1: past its last)
