@@ -397,7 +397,8 @@ def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_cha
 
 @pytest.mark.parametrize("tiles,tree,oracle", [("default", None, False),
                                                ("block_m=64:head_split=2:block_k=16:steps=1", None, False),
-                                               ("default", TreeShape(4, 16), False), ("default", TreeShape(4, 16), True)],
+                                               ("default", TreeShape(4, 16), False),
+                                               ("default", TreeShape(4, 16), True)],
                          ids=["chain", "chain-other-tiles", "tree", "tree-deep-paths"])
 def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on_a_gpu(tiles, tree, oracle,
                                                                                       fused_kernels):
