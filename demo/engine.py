@@ -70,7 +70,9 @@ def target_only_width(shape: DraftShape, dtype: torch.dtype) -> int:
     and the other rows, but not whatever the row count: a 1-row step and an 8-row verification round
     differently and flip greedy near-ties (1 prompt in 20 identical on the H200 in bf16). At the same
     width a chain's every token is computed as target-only computes it. A tree's are not quite: a
-    node attends to its ancestors at scattered slots, so its sums run in another order."""
+    node attends to its ancestors at scattered slots, so its sums run in another order. With
+    demo.fused's kernels (a GPU's default) every width rounds a row alike and every decoding row
+    attends in slot order (demo.attend), so there the padded run equals the 1-row one."""
     return 1 if dtype == torch.float32 else shape.width
 
 
