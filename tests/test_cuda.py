@@ -437,7 +437,7 @@ def _fused_speculation_gives_target_onlys_tokens(heads: dict, tree: TreeShape | 
 
 
 def _random_tree(n: int, seed: int) -> torch.Tensor:
-    """parents [n] of a tree whose node ids grow with depth (node 0 the root), up to 8 children a node."""
+    """parents [n] of a tree whose node ids grow with depth (node 0 the root), 1 to 4 children a node."""
     g = torch.Generator().manual_seed(seed)
     parents, level = [0], [0]
     while len(parents) < n:
