@@ -210,12 +210,13 @@ def generation_config(args: argparse.Namespace, speculate: bool = True, max_new_
 
 def reference_config(args: argparse.Namespace, engine, max_new_tokens: int | None = None):
     """--check-lossless's target-only run: in bf16 or fp16 at the speculative run's width, so that
-    it computes every token as the verification does (demo.engine.target_only_width)."""
+    it computes every token as the verification does, or at 1 row where the target computes every
+    row alike at any width (the fused kernels on a GPU; demo.engine.target_only_width)."""
     from demo.engine import target_only_width
 
     shape = generation_config(args).draft_shape(num_drafts(args.method, args.num_spec_tokens))
     return replace(generation_config(args, speculate=False, max_new_tokens=max_new_tokens),
-                   target_only_width=target_only_width(shape, engine.target.dtype))
+                   target_only_width=target_only_width(shape, engine.target.dtype, engine.target.rows_alike()))
 
 
 def decode(engine, prompt_ids: list[int], gen):

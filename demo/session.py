@@ -538,9 +538,10 @@ class Session:
 
 def reference_width(gen: GenerationConfig, engine: Engine) -> int:
     """The rows of the target-only run a speculative reply of `gen` is checked against at T = 0: 1 in
-    fp32, the verification's width in bf16 and fp16 (demo.engine.target_only_width)."""
+    fp32 or where the target computes every row alike at any width (the fused kernels on a GPU), else
+    the verification's width in bf16 and fp16 (demo.engine.target_only_width)."""
     return target_only_width(gen.draft_shape(gen.num_spec_tokens if engine.drafter is not None else 0),
-                             engine.target.dtype)
+                             engine.target.dtype, engine.target.rows_alike())
 
 
 def cache_budget(device: torch.device) -> int:

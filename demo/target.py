@@ -107,6 +107,17 @@ class Target:
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
+    def rows_alike(self) -> bool:
+        """Whether a decoding row's logits are the same at any forward width, bit for bit: every layer
+        and the head run demo.fused's kernels (the default on a GPU) and attention takes the rows in
+        slot order (demo.attend). Then 1-row target-only decoding is the exact reference of any
+        verification, a chain's or a tree's (demo.engine.target_only_width)."""
+        x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
+        c = self.config
+        return (fused_runs(x, self.act) and all(self._fuse_layer(layer) for layer in self.layers)
+                and getattr(self.lm_head, "bias", None) is None
+                and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads))
+
     def check_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Refuse feature layer ids the target does not have (id L is the last layer's output)."""
         for i in layers:

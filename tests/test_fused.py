@@ -114,6 +114,10 @@ def check_tree_rows() -> None:
         depth.append(depth[p] + 1)
     n, root, S = parents.shape[0], 124, 256  # the tree crosses the attention's split edge at 128
     target = Target(tiny_hf("llama", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    assert target.rows_alike()  # so 1-row target-only is the exact reference (demo.engine.target_only_width)
+    set_kernels("attention")
+    assert not target.rows_alike()  # PyTorch's projections round by the row count
+    set_kernels("fused")
     target.setup_cache(S)
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(3, 256, (1, root), generator=g)
@@ -187,9 +191,12 @@ def test_generations_through_the_fused_layers_keep_target_greedy_tokens():
 def test_on_a_cpu_the_fused_layers_never_run():
     from demo.fused import fused_runs
     from demo.kernels import DEFAULT_KERNELS, set_kernels
+    from demo.target import Target
+    from tests.tiny import tiny_hf
 
     try:
         set_kernels("fused")
         assert not fused_runs(torch.zeros(1, 2, 64), F.silu)  # a CPU tensor, no interpreter
+        assert not Target(tiny_hf("llama").to(torch.bfloat16)).rows_alike()  # so bf16 checks stay padded
     finally:
         set_kernels(DEFAULT_KERNELS)
