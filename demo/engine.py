@@ -66,14 +66,15 @@ class GenerationConfig:
 def target_only_width(shape: DraftShape, dtype: torch.dtype, rows_alike: bool = False) -> int:
     """The rows target-only decoding runs at to be the exact reference of a speculative run of
     `shape`: in fp32 one (every width rounds alike on the machines measured), in bf16 or fp16 the
-    verification's width, unless the target computes every decoding row alike at any width
-    (`rows_alike`, ``Target.rows_alike``): then one. A GPU's (and a CPU's) kernels compute a row the same whatever its index
-    and the other rows, but not whatever the row count: a 1-row step and an 8-row verification round
-    differently and flip greedy near-ties (1 prompt in 20 identical on the H200 in bf16). At the same
-    width a chain's every token is computed as target-only computes it. A tree's are not quite: a
-    node attends to its ancestors at scattered slots, so its sums run in another order. With
-    demo.fused's kernels (a GPU's default) every width rounds a row alike and every decoding row
-    attends in slot order (demo.attend): there the 1-row run is the reference, chains and trees."""
+    verification's width, unless the target computes every decoding row alike at any width (`rows_alike`,
+    ``Target.rows_alike``): then one. A GPU's (and a CPU's) kernels compute a row the same whatever
+    its index and the other rows, but not whatever the row count: a 1-row step and an 8-row
+    verification round differently and flip greedy near-ties (1 prompt in 20 identical on the H200
+    in bf16). At the same width a chain's every token is computed as target-only computes it. A
+    tree's are not quite: a node attends to its ancestors at scattered slots, so its sums run in
+    another order. With demo.fused's kernels (a GPU's default) every width rounds a row alike and
+    every decoding row attends in slot order (demo.attend): there the 1-row run is the reference,
+    chains and trees."""
     return 1 if dtype == torch.float32 or rows_alike else shape.width
 
 

@@ -190,8 +190,8 @@ class Target:
         draft tree passes its own, demo/tree.py). The Triton attention takes a decoding step's masks
         (up to ORDERED_ROWS rows) in slot order, demo.attend.seen_slots, so that a tree's nodes, a
         chain's rows and a 1-row step all run its one kernel. `aux_layers` names the residual
-        streams to return (id i: the stream entering layer i), in that order. Logits are computed at every row, the last
-        only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names. `attend`: attend over
+        streams to return (id i: the stream entering layer i), in that order. Logits are computed at
+        every row, the last only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names. `attend`: attend over
         the first `attend` cache slots only (every slot a query may see, and every slot written,
         must lie below it; a mask is cut to them); None: over the whole cache.
 
