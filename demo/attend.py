@@ -18,14 +18,10 @@ writes the output itself. A row's result depends on its own query, mask row, the
 only, never on how many rows run beside it.
 
 A decoding step's forwards pass their masks in slot order (``seen_slots``, ``causal_seen_slots``:
-each row's seen slots, in increasing order): a program then takes whole query rows with their
-heads (five of the default target's groups of three) and walks each row's seen slots side by side,
-so a tree node whose ancestors lie scattered over the tree's slots sums them in the blocks and lanes
-where target-only, decoding that path one token at a time, finds them at contiguous slots. Where
-the program's rows see the same key at a place in their lists (a causal block, a tree's shared
-prefix) it is read once for all of them; where they part (a tree's ancestors) each row's keys are
-read and multiplied in turn, the same product kept on its own lines, so a row's bits are the same
-either way. Target-only's steps and a chain's verification attend in slot order
+each row's seen slots, in increasing order): a program then takes one query row's heads and walks
+that row's seen slots side by side, so a tree node whose ancestors lie scattered over the tree's
+slots sums them in the blocks and lanes where target-only, decoding that path one token at a time,
+finds them at contiguous slots. Target-only's steps and a chain's verification attend in slot order
 too (``ORDERED_ROWS``): on an H200 the packed and the slot-order kernels, compiled apart, round a
 few rows differently on the same keys (6 of a 65-node tree's rows at the default target's shape,
 tests/test_cuda.py), so every row a decoding step computes goes through the one kernel. With every
@@ -130,8 +126,8 @@ def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     else:
         partial = torch.empty(B, M, nh, splits, hd, dtype=torch.float32, device=q.device)
         stats = torch.empty(B, M, nh, splits, 2, dtype=torch.float32, device=q.device)  # (max, total), log2 units
-    ordered = mask.dtype == torch.int32  # each row's seen slots in order: whole query rows a program
-    grid = (B * nkv, triton.cdiv(M, BLOCK_M // group) if ordered else triton.cdiv(rows, BLOCK_M), splits)
+    ordered = mask.dtype == torch.int32  # each row's seen slots in order: one query row a program
+    grid = (B * nkv, M if ordered else triton.cdiv(rows, BLOCK_M), splits)
     split_kernel[grid](
         q, k_cache, v_cache, mask, out, partial, stats, M, S, nkv, math.log2(math.e) / math.sqrt(hd),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -145,20 +141,6 @@ def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 if HAVE_TRITON:
     @triton.jit
-    def _scores(q, k, IEEE: tl.constexpr):
-        """q [BLOCK_M, HD] @ k [HD, BLOCK_N] in fp32 (the scores before scaling)."""
-        if IEEE:
-            return tl.dot(q, k, input_precision="ieee")
-        return tl.dot(q, k)
-
-    @triton.jit
-    def _weighed(p, v, IEEE: tl.constexpr):
-        """p [BLOCK_M, BLOCK_N] @ v [BLOCK_N, HD] in fp32, p rounded to v's dtype as flash attention does."""
-        if IEEE:
-            return tl.dot(p, v, input_precision="ieee")
-        return tl.dot(p.to(v.dtype), v)
-
-    @triton.jit
     def _attend_split(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S, NKV, qk_scale: tl.constexpr,
                       q_sb, q_sh, q_sm, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm,
                       GROUP: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -169,15 +151,12 @@ if HAVE_TRITON:
         part = tl.program_id(1)
         split = tl.program_id(2)
         nh = NKV * GROUP
-        r = tl.arange(0, BLOCK_M)
-        if ORDERED:  # whole query rows, each with its heads: line r is row part * ROWS + r // GROUP;
-            # n below counts a row's seen slots, in order
-            ROWS: tl.constexpr = BLOCK_M // GROUP
-            own = r // GROUP  # the line's row among the program's
-            m = part * ROWS + own
-            live = (own < ROWS) & (m < M)
+        if ORDERED:  # one query row's heads; n below counts its seen slots, in order
+            r = tl.arange(0, BLOCK_M)
+            m = part + r * 0
+            live = r < GROUP
         else:  # packed rows: query row r // GROUP, head kv * GROUP + r % GROUP; n is the slot
-            r = part * BLOCK_M + r
+            r = part * BLOCK_M + tl.arange(0, BLOCK_M)
             m = r // GROUP
             live = m < M
         h = kv * GROUP + r % GROUP
@@ -191,64 +170,38 @@ if HAVE_TRITON:
         mask_base = mask_ptr + b * mask_sb + m[:, None] * mask_sm
         lo = split * SPLIT
         hi = tl.minimum(lo + SPLIT, S)
-        if ORDERED:  # the rows' seen slots come first: stop after the last block holding one of them
-            # (a block a row sees nothing of adds exact zeros to it; a split past every row's last
-            # slot does nothing)
+        if ORDERED:  # the row's seen slots come first: stop after the last block holding one (a block
+            # that sees nothing would add exact zeros, and a split past the row's last slot does nothing)
             ahead = lo + tl.arange(0, SPLIT)
-            order = tl.load(mask_base + ahead[None, :], mask=live[:, None] & (ahead < S)[None, :], other=-1)
-            seen_here = tl.max(tl.sum((order >= 0).to(tl.int32), axis=1), axis=0)
+            order = tl.load(mask_ptr + b * mask_sb + part * mask_sm + ahead, mask=ahead < S, other=-1)
+            seen_here = tl.sum((order >= 0).to(tl.int32), axis=0)
             hi = tl.minimum(hi, lo + (seen_here + BLOCK_N - 1) // BLOCK_N * BLOCK_N)
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             inside = n < S
-            if ORDERED:  # each line's row's n-th seen slot (-1: past its last)
-                slots = tl.load(mask_base + n[None, :], mask=live[:, None] & inside[None, :], other=-1)
-                seen = slots >= 0  # [BLOCK_M, BLOCK_N]
-                slot = tl.max(slots, axis=0)  # where the rows agree (or see nothing), their slot
-                fewest = tl.min(tl.where(seen, slots, S), axis=0)
-                alike = tl.sum(((slot >= 0) & (fewest != slot)).to(tl.int32), axis=0) == 0
-                if alike:  # every row sees the same key at n (a causal block, a tree's shared prefix)
-                    k = tl.load(k_base + slot[None, :] * k_ss + d[:, None], mask=(slot >= 0)[None, :], other=0.0)
-                    s = _scores(q, k, IEEE)
-                else:  # a tree's rows part: each row's keys in turn, the same product on its own lines
-                    s = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for j in tl.static_range(ROWS):
-                        row_slot = tl.max(tl.where(own[:, None] == j, slots, -1), axis=0)
-                        k = tl.load(k_base + row_slot[None, :] * k_ss + d[:, None], mask=(row_slot >= 0)[None, :],
-                                    other=0.0)
-                        s = tl.where(own[:, None] == j, _scores(q, k, IEEE), s)
+            if ORDERED:  # the n-th seen slot of this row (-1: past its last)
+                slot = tl.load(mask_ptr + b * mask_sb + part * mask_sm + n, mask=inside, other=-1)
+                inside = slot >= 0
+                seen = live[:, None] & inside[None, :]
             else:
                 slot = n
                 seen = tl.load(mask_base + n[None, :], mask=live[:, None] & inside[None, :], other=0) != 0
-                k = tl.load(k_base + slot[None, :] * k_ss + d[:, None], mask=inside[None, :],
-                            other=0.0)  # [HD, BLOCK_N]
-                s = _scores(q, k, IEEE)
+            k = tl.load(k_base + slot[None, :] * k_ss + d[:, None], mask=inside[None, :], other=0.0)  # [HD, BLOCK_N]
+            if IEEE:
+                s = tl.dot(q, k, input_precision="ieee")
+            else:
+                s = tl.dot(q, k)
             s = tl.where(seen, s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
             new_top = tl.maximum(top, tl.max(s, axis=1))
             shift = tl.where(new_top == float("-inf"), 0.0, new_top)  # a row that has seen nothing yet
             p = tl.exp2(s - shift[:, None])
             scale = tl.exp2(top - shift)
             total = total * scale + tl.sum(p, axis=1)
-            if ORDERED:  # the values as the keys were read, the sum apart from the accumulator
-                # in both branches, so that a row's bits never depend on which one ran
-                if alike:
-                    v = tl.load(v_base + slot[:, None] * v_ss + d[None, :], mask=(slot >= 0)[:, None], other=0.0)
-                    pv = _weighed(p, v, IEEE)
-                else:
-                    pv = tl.zeros((BLOCK_M, HD), dtype=tl.float32)
-                    for j in tl.static_range(ROWS):
-                        row_slot = tl.max(tl.where(own[:, None] == j, slots, -1), axis=0)
-                        v = tl.load(v_base + row_slot[:, None] * v_ss + d[None, :], mask=(row_slot >= 0)[:, None],
-                                    other=0.0)
-                        pv = tl.where(own[:, None] == j, _weighed(p, v, IEEE), pv)
-                acc = acc * scale[:, None] + pv
+            v = tl.load(v_base + slot[:, None] * v_ss + d[None, :], mask=inside[:, None], other=0.0)  # [BLOCK_N, HD]
+            if IEEE:
+                acc = acc * scale[:, None] + tl.dot(p, v, input_precision="ieee")
             else:
-                v = tl.load(v_base + slot[:, None] * v_ss + d[None, :], mask=inside[:, None],
-                            other=0.0)  # [BLOCK_N, HD]
-                if IEEE:
-                    acc = acc * scale[:, None] + tl.dot(p, v, input_precision="ieee")
-                else:
-                    acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * scale[:, None] + tl.dot(p.to(v.dtype), v)
             top = new_top
         at = (b * M + m) * nh + h  # the row's index in [B, q, nh]
         if ONE_SPLIT:
