@@ -24,6 +24,7 @@ The engine works on token ids and knows nothing of tokenizers or user interfaces
 
 from __future__ import annotations
 
+import gc
 import time
 import types
 from dataclasses import dataclass, field, fields
@@ -232,8 +233,18 @@ class CapturedStep:
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.output = fn()
+        # no garbage collection while capturing (as SGLang's capture freezes it): a collection there
+        # frees what an earlier engine left in reference cycles, its graphs and pinned buffers, and
+        # such CUDA calls are not allowed during a capture (on the H200 a GPU test failed now and
+        # then with "operation failed due to a previous error during capture")
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.output = fn()
+        finally:
+            if collecting:
+                gc.enable()
         torch.cuda.synchronize()
         self.replays = 0  # launches since capture: proof that generation ran the graph
 
