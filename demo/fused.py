@@ -55,15 +55,17 @@ class Tiles:
     other tiles give other bits, alike at every width). A small target's projections have few output
     columns and a short input, so a program's time is its serial walk over the input; a wide
     verification runs more row tiles, each reading the same weights (the head's 56 MB for the
-    default target, once per 16 rows)."""
+    default target, once per 16 rows). The defaults are the quickest measured in the decoding loop
+    on the H200: 128-column input steps, at most three a program, so that a small projection's
+    input is split among programs (docs/PERFORMANCE.md)."""
 
     block_m: int = 16  # rows a program takes
     block_n: int = 32  # output columns a fused_linear program takes
     head_split: int = 1  # programs per q/k/v head in norm_qkv_rope, each taking 1/split of both halves
     num_warps: int = 4
-    block_k: int = 64  # the input step (the norm's sum of squares and the multiply's)
+    block_k: int = 128  # the input step (the norm's sum of squares and the multiply's)
     num_stages: int = 3  # Triton's software pipelining of the input loop
-    steps: int = 0  # at most this many input steps a program (0: the whole input); a split input's
+    steps: int = 3  # at most this many input steps a program (0: the whole input); a split input's
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
 
     @classmethod

@@ -26,6 +26,7 @@ def check_ops() -> None:
 
     g = torch.Generator().manual_seed(0)
     cases = ((3, 64, 96, fused.Tiles()), (13, 100, 40, fused.Tiles()), (1, 576, 200, fused.Tiles()),
+             (7, 576, 200, fused.Tiles(block_k=64, steps=0)),  # the input unsplit, in 64-column steps
              (13, 100, 40, fused.Tiles(block_n=16, head_split=2, num_warps=2)),
              (13, 300, 40, fused.Tiles(block_k=128, num_stages=2)), (40, 100, 40, fused.Tiles(block_m=32)),
              (13, 576, 40, fused.Tiles(steps=4)), (20, 100, 72, fused.Tiles(steps=1, block_m=32)))
