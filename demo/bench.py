@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     e.add_argument("--max-context", type=int, default=2048, help="engine context (prompt + new tokens + k + 1)")
+    e.add_argument("--drafter-dtype", choices=("auto", "target", "float32", "bfloat16"), default="auto",
+                   help="what the drafter computes in: auto is bf16 beside an fp32 target on a CPU that multiplies "
+                        "bf16 natively, else the target's (demo.drafter_common.drafter_dtype)")
     g = p.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -163,8 +166,20 @@ def build_engine(args: argparse.Namespace):
         drafter = load_drafter(spec, target, method=args.method, hot_tokens=args.hot_tokens)
         for warning in drafter.cfg.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-    engine = Engine(target, drafter, mode=args.mode, compile=args.compile, max_context=args.max_context)
+    engine = Engine(target, drafter, mode=args.mode, compile=args.compile, max_context=args.max_context,
+                    drafter_dtype=chosen_drafter_dtype(args.drafter_dtype, target))
     return engine, tokenizer
+
+
+def chosen_drafter_dtype(choice: str, target):
+    """--drafter-dtype as a torch.dtype beside this target."""
+    import torch
+
+    from demo.drafter_common import drafter_dtype
+
+    if choice == "auto":
+        return drafter_dtype(target.dtype, target.device)
+    return target.dtype if choice == "target" else getattr(torch, choice)
 
 
 def load_questions(args: argparse.Namespace) -> list[dict]:

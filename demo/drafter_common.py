@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from demo.kv_cache import KVCache
-from demo.layers import causal_slot_mask, rms_norm, rope_inv_freq, rope_tables, stacked
+from demo.layers import causal_slot_mask, linear, rms_norm, rope_inv_freq, rope_tables, stacked
 
 
 @dataclass
@@ -120,6 +120,30 @@ class DraftMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def drafter_dtype(target_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """What a drafter computes in beside a target of `target_dtype` on `device`: bf16 beside an fp32
+    target on a CPU that multiplies bf16 natively (AVX-512 BF16 or AMX), where a draft step is
+    memory-bound and a bf16 multiply reads half the bytes, a few rows at the cost of one
+    (docs/PERFORMANCE.md); else the target's. Drafts never change the output, only how many are
+    accepted."""
+    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+        getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    if torch.device(device).type == "cpu" and target_dtype == torch.float32 and native:
+        return torch.bfloat16
+    return target_dtype
+
+
+def in_dtype(module: nn.Linear, dtype: torch.dtype) -> nn.Linear:
+    """`module` itself if its weight is in `dtype`, else a frozen copy in `dtype` (registered nowhere)."""
+    if module.weight.dtype == dtype:
+        return module
+    copy = nn.Linear(1, 1, bias=False, device="meta")
+    copy.in_features, copy.out_features = module.in_features, module.out_features
+    copy.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+    copy.bias = None if module.bias is None else nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)
+    return copy
+
+
 class DrafterBase(nn.Module):
     """Cache, RoPE and shared-weight plumbing common to both drafters."""
 
@@ -132,18 +156,36 @@ class DrafterBase(nn.Module):
         # borrowed from the target: set with object.__setattr__ so that nn.Module does not register
         # them, and the drafter's parameters(), state_dict() and .to() never include the target's
         object.__setattr__(self, "_target_embed", None)
+        object.__setattr__(self, "logits_dtype", None)  # the target's dtype once shared: logits come back in it
         self.cache: KVCache | None = None
         self.cos = self.sin = None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """What the drafter computes in: its weights' dtype (Engine's drafter_dtype; the target's by default)."""
+        return next(self.parameters()).dtype
+
     def share_target(self, target) -> None:
         """Borrow the target's embedding (and, for EAGLE-1 and a shared-head EAGLE-3, its lm_head)
-        without copying."""
+        without copying; a drafter in another dtype than the target's (a CPU's bf16 drafter beside an
+        fp32 target) drafts through a copy of the head in its own dtype. Call after moving the
+        drafter to its device and dtype."""
         object.__setattr__(self, "_target_embed", target.embed)
+        object.__setattr__(self, "logits_dtype", target.dtype)
         if not self.cfg.own_lm_head:
-            object.__setattr__(self, "lm_head", target.lm_head)
+            self._borrow_head(target.lm_head)
+
+    def _borrow_head(self, head: nn.Linear) -> None:
+        object.__setattr__(self, "lm_head", in_dtype(head, self.dtype))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (self.embed_tokens or self._target_embed)(tokens)
+        """Token embeddings in the drafter's dtype (the target's table may be in another)."""
+        return (self.embed_tokens or self._target_embed)(tokens).to(self.dtype)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The draft head over x [B, q, H], in the target's dtype once shared."""
+        logits = linear(self.lm_head, x)
+        return logits if self.logits_dtype is None else logits.to(self.logits_dtype)
 
     def setup_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """One-layer KV cache and RoPE tables for `capacity` positions; idempotent."""

@@ -46,11 +46,11 @@ class EagleDrafter(DrafterBase):
         attend: attend over the first `attend` cache slots (None: all) -> logits [B, q, V], hidden_out [B, q, H]
         """
         cfg, layer = self.cfg, self.layers[0]
-        x = linear(self.fc, torch.cat((self.embed(tokens), hidden), dim=-1))  # [B, q, H], also the residual
+        x = linear(self.fc, torch.cat((self.embed(tokens), hidden.to(self.dtype)), dim=-1))  # [B, q, H], the residual
         cos, sin, slots, mask, k_cache, v_cache = self.rope_slots_mask(positions, slots, mask, attend)
         att = layer.self_attn
         x = x + attention(x, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, cfg.num_heads,
                           cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         mlp = layer.mlp
         x = x + swiglu_mlp(layer.post_attention_layernorm(x), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
-        return (linear(self.lm_head, x) if logits else None), x
+        return (self.head_logits(x) if logits else None), x

@@ -53,12 +53,12 @@ class Eagle3Drafter(DrafterBase):
         else:
             self.d2t = self.t2d = None
 
-    def share_target(self, target) -> None:
-        super().share_target(target)
-        if not self.cfg.own_lm_head:
-            object.__setattr__(self, "_full_lm_head", target.lm_head)
-            if self.hot_ids is not None:
-                self._limit_head()
+    def _borrow_head(self, head) -> None:
+        object.__setattr__(self, "_full_lm_head", head)
+        if self.hot_ids is None:
+            super()._borrow_head(head)
+        else:  # its hot rows only, copied in the drafter's dtype
+            self._limit_head()
 
     def limit_vocab(self, ids: torch.Tensor) -> None:
         """Draft over the target ids `ids` only, through those rows of the target's lm_head (a
@@ -78,7 +78,7 @@ class Eagle3Drafter(DrafterBase):
 
     def _limit_head(self) -> None:
         full = self._full_lm_head.weight.detach()  # [V, H]
-        head = nn.Linear(full.shape[1], len(self.hot_ids), bias=False, device=full.device, dtype=full.dtype)
+        head = nn.Linear(full.shape[1], len(self.hot_ids), bias=False, device=full.device, dtype=self.dtype)
         head.requires_grad_(False).weight.copy_(full[self.hot_ids])  # [N, H]
         object.__setattr__(self, "lm_head", head)  # not registered: never saved, like the target's
         self.d2t = self.hot_ids - torch.arange(len(self.hot_ids), device=self.hot_ids.device)  # [N] offsets
@@ -86,8 +86,8 @@ class Eagle3Drafter(DrafterBase):
         self.t2d[self.hot_ids] = True  # the same d2t/t2d contract as a draft vocabulary of its own
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H]."""
-        return linear(self.fc, features)
+        """Fuse the three target features; [B, q, 3*Ht] -> [B, q, H], in the drafter's dtype."""
+        return linear(self.fc, features.to(self.dtype))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
                 slots: torch.Tensor | None = None, mask: torch.Tensor | None = None, logits: bool = True,
@@ -99,6 +99,7 @@ class Eagle3Drafter(DrafterBase):
         -> logits [B, q, Vd], hidden_out [B, q, H] (pre-norm)
         """
         cfg, layer = self.cfg, self.midlayer
+        hidden = hidden.to(self.dtype)  # a no-op unless the engine's buffers keep the target's dtype
         normed = layer.hidden_norm(hidden)
         residual = normed if cfg.norm_before_residual else hidden
         x = torch.cat((layer.input_layernorm(self.embed(tokens)), normed), dim=-1)  # [B, q, 2H]
@@ -108,7 +109,7 @@ class Eagle3Drafter(DrafterBase):
                                  cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
         mlp = layer.mlp
         h = h + swiglu_mlp(layer.post_attention_layernorm(h), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
-        return (linear(self.lm_head, self.norm(h)) if logits else None), h
+        return (self.head_logits(self.norm(h)) if logits else None), h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids mapped to the target vocabulary: target id = draft id + d2t[draft id]."""

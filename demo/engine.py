@@ -258,14 +258,18 @@ class Engine:
     """Target plus optional drafter, run eagerly or from CUDA graphs captured before generation."""
 
     def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool | str = False,
-                 max_context: int = 2048, pad_prefill: bool | None = None):
+                 max_context: int = 2048, pad_prefill: bool | None = None, drafter_dtype: torch.dtype | None = None):
         """compile: False; "drafter" or True (the drafter's captured steps only, as in the vLLM change
         this project comes from: verification keeps eager's numerics, so the output stays eager's
         token for token and only drafting time can move); or "all" (every captured step,
         verification too: fastest, but the target's rounding changes, so the text may move at
         near-ties).
 
-        pad_prefill: run prompts padded to their bucket (``prefill_rows``); None: on a GPU."""
+        pad_prefill: run prompts padded to their bucket (``prefill_rows``); None: on a GPU.
+
+        drafter_dtype: what the drafter computes in; None: the target's. Drafts never change the
+        output, only how many are accepted (``demo.drafter_common.drafter_dtype`` picks bf16 beside
+        an fp32 target on a CPU that multiplies bf16 natively)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         compile = "drafter" if compile is True else compile
@@ -275,6 +279,7 @@ class Engine:
             raise ValueError("cudagraph mode needs a CUDA device; this engine runs on "
                              f"{target.device.type} (use mode='eager')")
         self.target = target
+        self.drafter_dtype = drafter_dtype or target.dtype
         self.mode = mode
         self.compile = compile
         self.max_context = min(max_context, target.config.max_position_embeddings)
@@ -313,8 +318,8 @@ class Engine:
         self._buffers = {s: b for s, b in self._buffers.items() if s.depth == 0}  # drafter graphs are stale
         if drafter is None:
             return
-        drafter.share_target(self.target)
-        drafter.to(device=self.target.device, dtype=self.target.dtype).eval().requires_grad_(False)
+        drafter.to(device=self.target.device, dtype=self.drafter_dtype).eval().requires_grad_(False)
+        drafter.share_target(self.target)  # after the move: a head borrowed in another dtype is copied
         # the context, then scratch slots for the rows of a tree's frontier nodes (demo/tree.py)
         drafter.setup_cache(self.max_context + TREE_SCRATCH)
 
@@ -353,10 +358,10 @@ class Engine:
             verify_positions=torch.arange(shape.width, device=dev).view(1, -1),
             catch_tokens=zeros(1, k + 1),
             catch_positions=torch.arange(k + 1, device=dev).view(1, -1),
-            catch_hidden=zeros(1, k + 1, hd, dtype=t.dtype),
+            catch_hidden=zeros(1, k + 1, hd, dtype=self.drafter_dtype),
             catch_last=zeros(1),
             root_logits=zeros(1, 1, vd, dtype=t.dtype),
-            draft_hidden=zeros(1, 1, hd, dtype=t.dtype),
+            draft_hidden=zeros(1, 1, hd, dtype=self.drafter_dtype),
             draft_position=zeros(1, 1),
             result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
             chain_logits=zeros(max(k, 1), vd, dtype=t.dtype),

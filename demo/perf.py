@@ -238,12 +238,12 @@ def _sync(device) -> None:
 
 def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[dict], flags: list[str]) -> PerfRow:
     """One bench run (demo.bench.measure) on an engine over the loaded target."""
-    from demo.bench import measure, parse_args
+    from demo.bench import chosen_drafter_dtype, measure, parse_args
     from demo.engine import Engine
 
     args = parse_args(flags)
     engine = Engine(target, drafters.get(args.method), mode=args.mode, compile=args.compile,
-                    max_context=args.max_context)
+                    max_context=args.max_context, drafter_dtype=chosen_drafter_dtype(args.drafter_dtype, target))
     s = measure(engine, tokenizer, questions, args)["totals"]["summary"]
     return PerfRow(name, s["tokens_per_s"], s["mean_acceptance_length"], s["mean_draft_ms"], s["mean_verify_ms"],
                    "target" if args.method == "none" else "speclens")

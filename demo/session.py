@@ -29,7 +29,7 @@ import torch
 
 from demo.chat import (ChatState, Comparison, IncrementalDecoder, RunTrace, StepPoint, StepRecord, TokenPiece, Turn, Update,
                        first_difference, provenance)
-from demo.drafter_common import DrafterConfig
+from demo.drafter_common import DrafterConfig, drafter_dtype
 from demo.engine import Engine, GenerationConfig, StepEvent, target_only_width
 from demo.methods import (APP_MAX_SPEC_TOKENS, DRAFT_METHODS, DRAFT_SAMPLING, DRAFTER_CLASSES, METHOD_LABELS, METHODS,
                           MODE_LABELS, MODES, dtype_label, num_drafts)
@@ -206,7 +206,8 @@ class Models:
         key = (mode, method)
         if key not in self._engines:
             drafter = None if method == "none" else self.drafters[method]
-            self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context)
+            self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context,
+                                        drafter_dtype=drafter_dtype(self.target.dtype, self.target.device))
         return self._engines[key]
 
     def describe(self) -> dict:
