@@ -72,12 +72,11 @@ class StackedLinear:
     in-place updates (load_state_dict, an optimizer) keep writing through to the stack. Linears that
     cannot be stacked (other module types, mixed dtypes or devices) run one by one.
 
-    On a CPU in fp32, a call over several rows (a verification, a prefill) multiplies by a copy of the
-    weight made on the first such call and again after the weight changes: in oneDNN's prepacked
-    layout for a wide output (gate/up, the head), transposed to [in, out] for the rest (q/k/v,
-    o_proj, down), whichever took less time there. PyTorch's plain fp32 matrix multiply took 1.8 to
-    2.5 x as long for 4 rows as for 1 on 2 cores (docs/PERFORMANCE.md). One row keeps the plain
-    multiply."""
+    On a CPU in fp32 every call multiplies by a copy of the weight made on the first call and again
+    after the weight changes: in oneDNN's prepacked layout for a wide output (gate/up, the head),
+    transposed to [in, out] for the rest (q/k/v, o_proj, down), whichever took less time there.
+    PyTorch's plain fp32 multiply took 1.8 to 2.5 x as long for 4 rows as for 1 on 2 cores, and
+    even for 1 row the copies are the quicker here (the head 3.0 against 9.7 ms; docs/PERFORMANCE.md)."""
 
     def __init__(self, linears: tuple):
         self.linears = linears
@@ -121,8 +120,7 @@ class StackedLinear:
         if self.weight is None:
             return tuple(m(x) for m in self.linears)
         w = self.weight
-        if (x.numel() > x.shape[-1] and w.dtype == torch.float32 and w.device.type == "cpu" and ONEDNN
-                and not torch.compiler.is_compiling()):
+        if w.dtype == torch.float32 and w.device.type == "cpu" and ONEDNN and not torch.compiler.is_compiling():
             kind, copy = self._prepacked()
             if kind == "onednn":
                 y = torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
@@ -134,9 +132,9 @@ class StackedLinear:
         return y.split(self.sizes, dim=-1) if len(self.sizes) > 1 else (y,)
 
     def _prepacked(self) -> tuple[str, torch.Tensor]:
-        """The weight's copy for several rows: ("onednn", the weight in oneDNN's layout, packed for
-        PREPACK_ROWS rows, serving any count) for a wide output, else ("transposed", [in, out]
-        contiguous, which MKL multiplies fastest there)."""
+        """The weight's copy: ("onednn", the weight in oneDNN's layout, packed for PREPACK_ROWS rows,
+        serving any count) for a wide output, else ("transposed", [in, out] contiguous, which MKL
+        multiplies fastest there)."""
         # in-place updates bump the version; a weight made under torch.inference_mode keeps none
         source = (self.weight.data_ptr(), 0 if self.weight.is_inference() else self.weight._version)
         if self._packed_from != source:
@@ -156,8 +154,8 @@ ONEDNN = torch.backends.mkldnn.is_available()
 
 
 def linear(module, x: torch.Tensor) -> torch.Tensor:
-    """x through one Linear-like module; on a CPU over several rows, prepacked (StackedLinear)."""
-    if torch.compiler.is_compiling() or x.device.type != "cpu" or x.numel() == x.shape[-1]:
+    """x through one Linear-like module; on a CPU through its fp32 copy (StackedLinear)."""
+    if torch.compiler.is_compiling() or x.device.type != "cpu":
         return module(x)
     return stacked(module)(x)[0]
 
