@@ -162,8 +162,9 @@ class DrafterBase(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """What the drafter computes in: its weights' dtype (Engine's drafter_dtype; the target's by default)."""
-        return next(self.parameters()).dtype
+        """What the drafter computes in: its weights' dtype (Engine's drafter_dtype; the target's by
+        default), read off ``fc``, which every drafter has (a plain attribute torch.compile traces)."""
+        return self.fc.weight.dtype
 
     def share_target(self, target) -> None:
         """Borrow the target's embedding (and, for EAGLE-1 and a shared-head EAGLE-3, its lm_head)

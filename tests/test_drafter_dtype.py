@@ -74,3 +74,20 @@ def test_drafter_dtype_is_bf16_only_beside_an_fp32_target_on_a_cpu_with_native_b
     assert drafter_dtype(torch.bfloat16, "cpu") == torch.bfloat16
     assert drafter_dtype(torch.float32, "cuda") == torch.float32  # a GPU drafts in the target's dtype
     assert drafter_common.drafter_dtype is drafter_dtype
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_drafter_pass_in_either_dtype_traces_whole_as_the_compiled_drafter_needs(method, dtype):
+    # graph mode compiles the drafter's passes with fullgraph=True (demo.engine.compile_step): its
+    # casts and dtype reads must not break the graph
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter(method, target)
+    Engine(target, drafter, max_context=64, drafter_dtype=dtype)
+    drafter.stack_weights()
+    step = torch.compile(lambda t, p, h: drafter.forward(t, p, h), backend="eager", fullgraph=True)
+    logits, hidden = step(torch.tensor([[5, 6]]), torch.tensor([[0, 1]]), torch.randn(1, 2, drafter.cfg.hidden_size))
+    assert logits.dtype == torch.float32 and hidden.dtype == dtype
+    project = torch.compile(lambda x: drafter.project(x), backend="eager", fullgraph=True)
+    width = drafter.fc.in_features if method == "eagle3" else drafter.cfg.hidden_size
+    assert project(torch.randn(1, 2, width)).dtype == (dtype if method == "eagle3" else torch.float32)
