@@ -352,6 +352,7 @@ def describe_config(args: argparse.Namespace, engine) -> dict:
             "k": num_drafts(args.method, args.num_spec_tokens), "shape": asdict(tree_shape(args)),
             "draft_sampling": args.draft_sampling, "mode": args.mode, "compile": args.compile or False,
             "kernels": args.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
+            "drafter_dtype": dtype_label(engine.drafter_dtype) if engine.drafter is not None else None,
             "max_context": engine.max_context, "temperature": args.temperature, "top_p": args.top_p,
             "seed": args.seed, "max_new_tokens": args.max_new_tokens,
             "prompts": args.prompts or (None if args.prompt is not None else str(DEFAULT_PROMPTS)),
@@ -398,6 +399,8 @@ def format_report(report: dict) -> str:
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
     if c.get("draft_vocab"):
         drafter += f" (drafting over {c['draft_vocab']:,} tokens)"
+    if c.get("drafter_dtype") and c["drafter_dtype"] != c["dtype"]:
+        drafter += f" in {c['drafter_dtype']}"
     mode = mode_label(c["mode"], c["compile"])
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, {shape_label(c)}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']}, kernels {c.get('kernels', DEFAULT_KERNELS)})"

@@ -262,6 +262,9 @@ def test_json_holds_per_prompt_records_and_totals(models, tmp_path, capsys):
         method="eagle", k=3, mode="eager", compile=False, device="cpu", dtype="float32", gpu=None)
     assert config["target"] == str(models["target"]) and config["drafter"].endswith("drafter-eagle")
     assert config["torch"] == torch.__version__ and config["transformers"]
+    from demo.drafter_common import drafter_dtype  # --drafter-dtype auto: bf16 where this CPU multiplies it natively
+
+    assert config["drafter_dtype"] == str(drafter_dtype(torch.float32, "cpu")).removeprefix("torch.")
     assert totals["warmup_s"] > 0
 
 
