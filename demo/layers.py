@@ -9,6 +9,7 @@ B = batch, q = query tokens, S = cache slots, H = hidden, nh / nkv = heads, hd =
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -73,8 +74,9 @@ class StackedLinear:
     cannot be stacked (other module types, mixed dtypes or devices) run one by one.
 
     On a CPU in fp32 every call multiplies by a copy of the weight made on the first call and again
-    after the weight changes: in oneDNN's prepacked layout for a wide output (gate/up, the head),
-    transposed to [in, out] for the rest (q/k/v, o_proj, down), whichever took less time there.
+    after the weight changes: in oneDNN's prepacked layout for a wide output (gate/up, the head); for
+    the rest (q/k/v, o_proj, down) prepacked or transposed to [in, out], whichever multiplies a
+    verification's rows quicker on this CPU (``several_row_layout``: the hosts measured disagree).
     PyTorch's plain fp32 multiply took 1.8 to 2.5 x as long for 4 rows as for 1 on 2 cores, and
     even for 1 row the copies are the quicker here (the head 3.0 against 9.7 ms; docs/PERFORMANCE.md)."""
 
@@ -140,7 +142,7 @@ class StackedLinear:
         if self._packed_from != source:
             w = self.weight.detach()
             with torch.no_grad():
-                if w.shape[0] > TRANSPOSED_MAX_RATIO * w.shape[1]:
+                if several_row_layout(w) == "onednn":
                     self._packed = ("onednn", torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS))
                 else:
                     self._packed = ("transposed", w.t().contiguous())
@@ -149,8 +151,41 @@ class StackedLinear:
 
 
 PREPACK_ROWS = 4  # the row count a CPU weight is prepacked for (a chain of 3's verification)
-TRANSPOSED_MAX_RATIO = 2  # out / in up to which a CPU weight's several-row copy is transposed, not prepacked
+TRANSPOSED_MAX_RATIO = 2  # out / in up to which a CPU weight's copy may be transposed rather than prepacked
+ONEDNN_MARGIN = 0.8  # a narrow weight is prepacked only where oneDNN takes under this share of the transposed time
 ONEDNN = torch.backends.mkldnn.is_available()
+_LAYOUTS: dict[tuple[int, int], str] = {}  # (out, in) -> the copy several_row_layout measured quicker
+
+
+def several_row_layout(w: torch.Tensor) -> str:
+    """The copy a [out, in] fp32 CPU weight is multiplied through: "onednn" (prepacked) for a wide
+    output, where it wins on every CPU measured; for a narrower one whichever multiplies PREPACK_ROWS
+    rows quicker here, timed once a shape a process. On one host the transposed copy was the quicker
+    for q/k/v, o_proj and down (30 layers' q/k/v 5.17 against 6.54 ms), on another oneDNN by 2.5 to 4 x
+    (docs/PERFORMANCE.md). oneDNN must win by a margin, so that close timings never pick differently
+    in two processes."""
+    if w.shape[0] > TRANSPOSED_MAX_RATIO * w.shape[1]:
+        return "onednn"
+    key = (w.shape[0], w.shape[1])
+    if key not in _LAYOUTS:
+        x = torch.randn(PREPACK_ROWS, w.shape[1])
+        packed, transposed = torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS), w.t().contiguous()
+        onednn = _seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+        plain = _seconds(lambda: torch.matmul(x, transposed))
+        _LAYOUTS[key] = "onednn" if onednn < ONEDNN_MARGIN * plain else "transposed"
+    return _LAYOUTS[key]
+
+
+def _seconds(fn, repeats: int = 20) -> float:
+    """The quickest of `repeats` timed calls of fn, after three untimed ones."""
+    for _ in range(3):
+        fn()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def linear(module, x: torch.Tensor) -> torch.Tensor:

@@ -109,6 +109,7 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reas
 def test_on_a_cpu_any_rows_of_a_wide_weight_go_through_onednn_of_a_narrow_one_through_its_transpose(monkeypatch):
     from demo import layers
 
+    monkeypatch.setattr(layers, "_LAYOUTS", {(20, 16): "transposed"})  # as timed on a CPU where it wins
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(layers.torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a),
@@ -130,9 +131,12 @@ def test_on_a_cpu_any_rows_of_a_wide_weight_go_through_onednn_of_a_narrow_one_th
 
 
 @needs_onednn
-@pytest.mark.parametrize("outputs", [8, 40], ids=["transposed", "onednn"])
-def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again(outputs):
-    lin = nn.Linear(16, outputs)
+@pytest.mark.parametrize("layout", ["transposed", "onednn"])
+def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again(layout, monkeypatch):
+    from demo import layers
+
+    monkeypatch.setattr(layers, "several_row_layout", lambda w: layout)
+    lin = nn.Linear(16, 8)
     x = torch.randn(3, 16)
     linear(lin, x)  # prepacks
     new = {k: torch.randn_like(v) for k, v in lin.state_dict().items()}
@@ -141,13 +145,31 @@ def test_a_weight_changed_in_place_after_prepacking_is_prepacked_again(outputs):
 
 
 @needs_onednn
-@pytest.mark.parametrize("outputs", [8, 40], ids=["transposed", "onednn"])
-def test_weights_made_under_inference_mode_are_prepacked_too(outputs):
+@pytest.mark.parametrize("layout", ["transposed", "onednn"])
+def test_weights_made_under_inference_mode_are_prepacked_too(layout, monkeypatch):
     # a model built or moved under torch.inference_mode has inference-tensor weights, which keep no
     # version counter: prepacking must not read one (it raised "Inference tensors do not track
     # version counter" on the engine's first multi-row step)
+    from demo import layers
+
+    monkeypatch.setattr(layers, "several_row_layout", lambda w: layout)
     with torch.inference_mode():
-        lin = nn.Linear(16, outputs)
+        lin = nn.Linear(16, 8)
         x = torch.randn(3, 16)
         assert lin.weight.is_inference()
         torch.testing.assert_close(linear(lin, x), x @ lin.weight.T + lin.bias, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_a_narrow_weight_is_prepacked_only_where_onednn_is_timed_quicker_by_the_margin_once_a_shape(monkeypatch):
+    from demo import layers
+
+    monkeypatch.setattr(layers, "_LAYOUTS", {})
+    timings = iter([0.9, 1.0, 0.5, 1.0])  # (oneDNN, transposed) for one shape, then another
+    timed = []
+    monkeypatch.setattr(layers, "_seconds", lambda fn: timed.append(1) or next(timings))
+    assert layers.several_row_layout(torch.randn(20, 16)) == "transposed"  # 0.9 of the time: not enough
+    assert layers.several_row_layout(torch.randn(20, 16)) == "transposed" and len(timed) == 2  # kept
+    assert layers.several_row_layout(torch.randn(24, 16)) == "onednn" and len(timed) == 4
+    wide = torch.randn(16 * layers.TRANSPOSED_MAX_RATIO + 1, 16)
+    assert layers.several_row_layout(wide) == "onednn" and len(timed) == 4  # a wide output is never timed
