@@ -94,6 +94,7 @@ class Tiles:
 
 
 TILES = Tiles()
+COUNTERS_AT_LEAST = 8192  # a weight's split counters: tiles enough for a 2,048-row prefill of the default target
 SPLIT_BELOW = 256  # a projection of fewer column tiles than this splits its input (Tiles.steps): not the head
 
 
@@ -165,7 +166,7 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
     splits, chunk = input_splits(K, tiles[1])
     if splits > 1:  # each split's sums of the stacked q/k/v columns, and a count per tile of the splits done
         partial = torch.empty(splits, R, weight.shape[0], dtype=torch.float32, device=x.device)
-        done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
+        done = split_counters(weight, tiles[0] * tiles[1])
     else:
         partial, done = q, q  # unused
     kernel[(*tiles, splits)](x, norm_weight, weight, x if bias is None else bias, cos, sin, slots, k_cache, v_cache,
@@ -190,6 +191,29 @@ def input_splits(K: int, column_tiles: int) -> tuple[int, int]:
     return triton.cdiv(K, chunk), chunk
 
 
+def split_counters(weight: torch.Tensor, tiles: int) -> torch.Tensor:
+    """[tiles] int32 zeros: how many of a tile's splits are done, for a launch over `weight` whose
+    input is split. Each tile's last split sets its count back to zero (``_last_split``), so the
+    buffer kept beside the weight is zeros again after every launch, and a step launches no memset
+    for it (a zeroing launch per split projection was 121 of a verification's 316 launches on the
+    default target). Launches over one weight run one after another on a stream, as one model's
+    steps do (its caches allow no other). A buffer is never freed while its weight lives: captured
+    graphs keep its address. A new one while torch.compile traces (its tensors are not the ones
+    that run), and while a capture is under way if none kept is large enough (an allocation there
+    would live in the graph's pool)."""
+    if torch.compiler.is_compiling():
+        return torch.zeros(tiles, dtype=torch.int32, device=weight.device)
+    kept = getattr(weight, "_speclens_split_counters", None)
+    if kept and kept[-1].numel() >= tiles:
+        return kept[-1][:tiles]
+    if weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(tiles, dtype=torch.int32, device=weight.device)
+    if kept is None:
+        kept = weight._speclens_split_counters = []
+    kept.append(torch.zeros(max(tiles, COUNTERS_AT_LEAST), dtype=torch.int32, device=weight.device))
+    return kept[-1][:tiles]
+
+
 def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kernel) -> torch.Tensor:
     """One launch of `kernel` (``_fused_linear``, jitted or interpreted): x [R, K]; norm_weight [K] or
     None; weight [N or 2N, K]; bias [N] or None; residual [R, N] or None -> [R, N] of x's dtype."""
@@ -200,7 +224,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     splits, chunk = input_splits(K, tiles[1])
     if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
-        done = torch.zeros(tiles[0] * tiles[1], dtype=torch.int32, device=x.device)
+        done = split_counters(weight, tiles[0] * tiles[1])
     else:
         partial, done = out, out  # unused
     kernel[(*tiles, splits)](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
@@ -290,10 +314,14 @@ if HAVE_TRITON:
     @triton.jit
     def _last_split(done_ptr, SPLITS: tl.constexpr):
         """Called once a program has stored its split's sums: whether it is the last of its tile's
-        splits to get here (done_ptr counts them per tile, from a zeroed buffer), and so may read them all."""
+        splits to get here (done_ptr counts them per tile, from zero), and so may read them all. The
+        last sets the count back to zero for the next launch (split_counters): every split of the
+        tile has counted by then, and the launch ends before the next one reads it."""
         tl.debug_barrier()  # every thread's stores before the count
         tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         last = tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        if last:
+            tl.atomic_xchg(done_ptr + tile, 0, sem="relaxed", scope="gpu")
         tl.debug_barrier()  # the count read before any thread reads the others' sums
         return last
 

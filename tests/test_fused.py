@@ -20,7 +20,8 @@ def _run_interpreted(code: str) -> None:
 def check_ops() -> None:
     """Each op gives the eager layer's pieces (demo.layers), and each row the same bits alone as
     beside 12 others, whatever the grid and the input step (the default tiles and others), the input
-    split between programs too (its partial sums added in split order)."""
+    split between programs too (its partial sums added in split order, the split counters kept
+    beside the weight and left at zero by every launch, so a launch after others gives the same)."""
     from demo import fused
     from demo.layers import rms_norm
 
@@ -51,6 +52,12 @@ def check_ops() -> None:
             for row in {0, R // 2, R - 1}:
                 alone = op(x[row:row + 1], residual[row:row + 1])
                 assert torch.equal(alone[0], together[row]), (name, R, row)
+            assert torch.equal(op(x, residual), together), name  # the counters the first launch left
+        for weight in (w, gate_up):  # each launch's last splits set the counts back: no zeroing launch needed
+            for counters in getattr(weight, "_speclens_split_counters", []):
+                assert not counters.any(), (R, K, N, tiles)
+        splits_here = fused.input_splits(K, -(-N // tiles.block_n))[0] > 1
+        assert splits_here == hasattr(w, "_speclens_split_counters"), (R, K, N, tiles)
 
 
 def check_qkv_rope() -> None:
@@ -96,6 +103,8 @@ def check_qkv_rope_of(hd: int) -> None:
     alone = fused.norm_qkv_rope(x[:1, 2:3], norm, w, bias, cos[:1, :, 2:3], sin[:1, :, 2:3], slots[:1, 2:3],
                                 k_cache[:1], v_cache[:1], nh)
     assert torch.equal(alone[0, 0], q[0, 2])
+    for counters in getattr(w, "_speclens_split_counters", []):  # left at zero for the next launch
+        assert not counters.any()
 
 
 def check_tree_rows() -> None:
