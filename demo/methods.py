@@ -24,7 +24,7 @@ METHOD_LABELS = {"none": "target only", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
 
 MODES = ("eager", "cudagraph")
 MODE_LABELS = {"eager": "eager", "cudagraph": "CUDA graph"}
-COMPILE_SCOPES = ("drafter", "all")  # --compile: the drafter's captured steps (default), or every step
+COMPILE_SCOPES = ("drafter", "all")  # --compile: all but the target's forward (default), or every step
 
 # How drafts are drawn at T > 0 (at T = 0 they are always the drafter's top choices):
 # "pointmass": the drafter's top choices, each accepted with the target's probability p(x), siblings
