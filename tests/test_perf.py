@@ -64,17 +64,17 @@ def test_the_table_gives_each_row_its_speed_over_transformers_and_over_target_on
     assert lines[2].endswith("| 0.50 | 0.40 |")
 
 
-def test_the_transformers_row_is_the_generated_tokens_over_the_timed_calls_without_the_warm_up(monkeypatch):
+def test_the_transformers_row_is_the_generated_tokens_over_the_timed_calls_after_a_warm_up_on_the_longest_prompt(monkeypatch):
     import demo.perf as perf
 
     hf = tiny_hf("llama")
     hf.generation_config.eos_token_id = None  # run to the budget: 6 new tokens a prompt
     calls = []
     generate = hf.generate
-    monkeypatch.setattr(hf, "generate", lambda *a, **k: calls.append(1) or generate(*a, **k))
+    monkeypatch.setattr(hf, "generate", lambda ids, **k: calls.append(ids.shape[1]) or generate(ids, **k))
     ticks = iter([0, 1, 10, 13])  # two timed calls, 1 s and 3 s (a timed warm-up would run out of ticks)
-    row = perf.transformers_row(hf, [[1, 2, 3], [4, 5]], max_new_tokens=6, clock=lambda: next(ticks))
-    assert len(calls) == 3  # a warm-up, then one call a prompt
+    row = perf.transformers_row(hf, [[4, 5], [1, 2, 3]], max_new_tokens=6, clock=lambda: next(ticks))
+    assert calls == [3, 2, 3]  # a warm-up on the longest prompt (a static cache fits the rest), then one a prompt
     assert row.kind == "transformers" and "dynamic" in row.name
     assert row.tokens_per_s == 12 / 4  # 2 x 6 new tokens (the prompts not counted) over 1 + 3 s
 
