@@ -67,6 +67,8 @@ class Tiles:
     num_stages: int = 3  # Triton's software pipelining of the input loop
     steps: int = 3  # at most this many input steps a program (0: the whole input); a split input's
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
+    row_tiles: int = 1  # where the input is not split (the head): row tiles a program takes in turn over
+    # its columns, so that a wide verification reads each weight tile from near, not once a row tile
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -79,11 +81,11 @@ class Tiles:
                                  f"{', '.join(cls.__dataclass_fields__)}, not {text!r}")
             values[key] = int(value)
         t = cls(**values)
-        powers = (t.block_m, t.block_n, t.head_split, t.block_k)
+        powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.row_tiles)
         if min(t.block_m, t.block_n, t.block_k) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
                 or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
-            raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split a "
-                             f"power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
+            raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split and "
+                             f"row_tiles powers of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
         return t
 
     def __str__(self) -> str:
@@ -220,8 +222,10 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
-    splits, chunk = input_splits(K, tiles[1])
+    column_tiles = triton.cdiv(N, TILES.block_n)
+    splits, chunk = input_splits(K, column_tiles)
+    row_tiles = TILES.row_tiles if splits == 1 else 1  # row tiles a program takes in turn
+    tiles = (triton.cdiv(R, TILES.block_m * row_tiles), column_tiles)
     if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
         done = split_counters(weight, tiles[0] * tiles[1])
@@ -233,7 +237,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
                              out.stride(0), NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated,
                              RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=TILES.block_m,
                              BLOCK_N=TILES.block_n, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
-                             num_warps=TILES.num_warps, num_stages=TILES.num_stages)
+                             ROW_TILES=row_tiles, num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return out
 
 
@@ -273,8 +277,27 @@ if HAVE_TRITON:
                       eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride,
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      IEEE: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+                      IEEE: tl.constexpr, ROW_TILES: tl.constexpr):
+        if ROW_TILES == 1:
+            _fused_linear_tile(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R, K, N,
+                               chunk, eps, x_stride, w_stride, res_stride, out_stride, tl.program_id(0) * BLOCK_M,
+                               NORM, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
+        else:  # row tiles in turn over the same columns (an unsplit input only: Tiles.row_tiles)
+            for tile in range(ROW_TILES):
+                first_row = (tl.program_id(0) * ROW_TILES + tile) * BLOCK_M
+                if first_row < R:
+                    _fused_linear_tile(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R,
+                                       K, N, chunk, eps, x_stride, w_stride, res_stride, out_stride, first_row,
+                                       NORM, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
+
+    @triton.jit
+    def _fused_linear_tile(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R, K, N,
+                           chunk, eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride, first_row,
+                           NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr,
+                           RESIDUAL: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+        """One row tile of _fused_linear: rows first_row .. first_row + BLOCK_M, this program's columns and split."""
+        rows = first_row + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(2)  # which input columns: [split * chunk, (split + 1) * chunk)
         live = rows < R
