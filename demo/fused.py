@@ -69,6 +69,7 @@ class Tiles:
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
     row_tiles: int = 1  # where the input is not split (the head): row tiles a program takes in turn over
     # its columns, so that a wide verification reads each weight tile from near, not once a row tile
+    split_row_tiles: int = 1  # the same where the input is split (q/k/v aside: o_proj, gate/up, down)
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -81,11 +82,11 @@ class Tiles:
                                  f"{', '.join(cls.__dataclass_fields__)}, not {text!r}")
             values[key] = int(value)
         t = cls(**values)
-        powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.row_tiles)
+        powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.row_tiles, t.split_row_tiles)
         if min(t.block_m, t.block_n, t.block_k) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
                 or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
             raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split and "
-                             f"row_tiles powers of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
+                             f"the row tiles powers of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
         return t
 
     def __str__(self) -> str:
@@ -224,11 +225,11 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
     column_tiles = triton.cdiv(N, TILES.block_n)
     splits, chunk = input_splits(K, column_tiles)
-    row_tiles = TILES.row_tiles if splits == 1 else 1  # row tiles a program takes in turn
+    row_tiles = TILES.row_tiles if splits == 1 else TILES.split_row_tiles  # row tiles a program takes in turn
     tiles = (triton.cdiv(R, TILES.block_m * row_tiles), column_tiles)
-    if splits > 1:  # each split's partial sums, and a count per tile of the splits done
+    if splits > 1:  # each split's partial sums, and a count per row tile and column tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
-        done = split_counters(weight, tiles[0] * tiles[1])
+        done = split_counters(weight, triton.cdiv(R, TILES.block_m) * column_tiles)
     else:
         partial, done = out, out  # unused
     kernel[(*tiles, splits)](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
@@ -282,7 +283,7 @@ if HAVE_TRITON:
             _fused_linear_tile(x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R, K, N,
                                chunk, eps, x_stride, w_stride, res_stride, out_stride, tl.program_id(0) * BLOCK_M,
                                NORM, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
-        else:  # row tiles in turn over the same columns (an unsplit input only: Tiles.row_tiles)
+        else:  # row tiles in turn over the same columns (Tiles.row_tiles, split_row_tiles)
             for tile in range(ROW_TILES):
                 first_row = (tl.program_id(0) * ROW_TILES + tile) * BLOCK_M
                 if first_row < R:
@@ -327,7 +328,7 @@ if HAVE_TRITON:
             tl.store(at + split * R * width, acc, mask=where)
             if GATED:
                 tl.store(at + split * R * width + N, up, mask=where)
-            if _last_split(done_ptr, SPLITS):
+            if _last_split(done_ptr, (first_row // BLOCK_M) * tl.num_programs(1) + tl.program_id(1), SPLITS):
                 acc = _split_sum(at, R * width, where, SPLITS)
                 if GATED:
                     up = _split_sum(at + N, R * width, where, SPLITS)
@@ -335,13 +336,13 @@ if HAVE_TRITON:
                         BIAS, GATED, RESIDUAL)
 
     @triton.jit
-    def _last_split(done_ptr, SPLITS: tl.constexpr):
+    def _last_split(done_ptr, tile, SPLITS: tl.constexpr):
         """Called once a program has stored its split's sums: whether it is the last of its tile's
-        splits to get here (done_ptr counts them per tile, from zero), and so may read them all. The
+        splits to get here (done_ptr counts them per tile, from zero; tile: the row tile's index times
+        the column tiles, plus the column tile's), and so may read them all. The
         last sets the count back to zero for the next launch (split_counters): every split of the
         tile has counted by then, and the launch ends before the next one reads it."""
         tl.debug_barrier()  # every thread's stores before the count
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         last = tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
         if last:
             tl.atomic_xchg(done_ptr + tile, 0, sem="relaxed", scope="gpu")
@@ -406,7 +407,7 @@ if HAVE_TRITON:
             at = partial_ptr + rows[:, None] * width  # split 0's rows
             tl.store(at + split * R * width + first[None, :], a, mask=live[:, None])
             tl.store(at + split * R * width + second[None, :], b, mask=live[:, None])
-            if _last_split(done_ptr, SPLITS):
+            if _last_split(done_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), SPLITS):
                 a = _split_sum(at + first[None, :], R * width, live[:, None], SPLITS)
                 b = _split_sum(at + second[None, :], R * width, live[:, None], SPLITS)
                 _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr,
