@@ -59,9 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e = p.add_argument_group("engine")
     e.add_argument("--mode", choices=MODES, default="eager")
     e.add_argument("--compile", nargs="?", const="drafter", default=None, choices=COMPILE_SCOPES,
-                   help="torch.compile captured steps (cudagraph mode): the drafter's and the greedy acceptance "
-                        "test's (default; the output stays eager's token for token), or all of them, verification too (fastest; the "
-                        "target's numerics change, so the text may move at near-ties)")
+                   help="torch.compile captured steps (cudagraph mode): the drafter's and the greedy "
+                        "acceptance test's (default; the output stays eager's token for token), or all of "
+                        "them, verification too (fastest; the target's numerics change, so the text may "
+                        "move at near-ties)")
     e.add_argument("--kernels", choices=KERNELS, default=DEFAULT_KERNELS,
                    help="on a GPU: 'attention' (Triton attention, PyTorch for the rest), 'fused' (and "
                         "fused layer kernels, each row computed alike whatever the width) or 'torch' "

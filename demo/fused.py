@@ -339,9 +339,9 @@ if HAVE_TRITON:
     def _last_split(done_ptr, tile, SPLITS: tl.constexpr):
         """Called once a program has stored its split's sums: whether it is the last of its tile's
         splits to get here (done_ptr counts them per tile, from zero; tile: the row tile's index times
-        the column tiles, plus the column tile's), and so may read them all. The
-        last sets the count back to zero for the next launch (split_counters): every split of the
-        tile has counted by then, and the launch ends before the next one reads it."""
+        the column tiles, plus the column tile's), and so may read them all. The last sets the count
+        back to zero for the next launch (split_counters): every split of the tile has counted by
+        then, and the launch ends before the next one reads it."""
         tl.debug_barrier()  # every thread's stores before the count
         last = tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
         if last:
