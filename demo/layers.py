@@ -162,8 +162,9 @@ def several_row_layout(w: torch.Tensor) -> str:
     output, where it wins on every CPU measured; for a narrower one whichever multiplies PREPACK_ROWS
     rows quicker here, timed once a shape a process. On one host the transposed copy was the quicker
     for q/k/v, o_proj and down (30 layers' q/k/v 5.17 against 6.54 ms), on another oneDNN by 2.5 to 4 x
-    (docs/PERFORMANCE.md). oneDNN must win by a margin, so that close timings never pick differently
-    in two processes."""
+    (docs/PERFORMANCE.md). oneDNN must win by a margin, so that two processes seldom pick apart on
+    close timings (the two copies may round a product differently: a pick is a process's, and
+    target-only and speculation in one process share it)."""
     if w.shape[0] > TRANSPOSED_MAX_RATIO * w.shape[1]:
         return "onednn"
     key = (w.shape[0], w.shape[1])
