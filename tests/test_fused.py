@@ -33,8 +33,8 @@ def check_ops() -> None:
              (13, 300, 40, fused.Tiles(block_k=128, num_stages=2)), (40, 100, 40, fused.Tiles(block_m=32)),
              (13, 576, 40, fused.Tiles(steps=4)), (20, 100, 72, fused.Tiles(steps=1, block_m=32)),
              (40, 100, 40, fused.Tiles(steps=0, row_tiles=2)),  # unsplit: 3 row tiles, two a program
-             (40, 576, 40, fused.Tiles(row_tiles=4)),  # a split input takes one row tile a program here
-             (40, 576, 40, fused.Tiles(split_row_tiles=2)))  # and two here, each row tile counting its splits
+             (40, 576, 40, fused.Tiles(row_tiles=4)),  # a split input's 3 row tiles in one program, each counting
+             (72, 576, 40, fused.Tiles(row_tiles=4)))  # its splits; 5 row tiles: a program of 4 and one of 1
     for R, K, N, tiles in cases:
         fused.set_tiles(tiles)
         x = torch.randn(R, K, generator=g)
