@@ -20,7 +20,8 @@ Runs one short generation (so every buffer holds a real step's state), then call
 step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
 or tree), ``verify`` (the target forward) and ``accept`` (the acceptance test, compaction and the
 packed result), each compiled where the engine's ``--compile`` scope compiles it in graph mode
-(``accept`` runs eagerly: it moves the state on, so it runs once). For each it reports the kernels
+(``accept`` as the engine does: compiled only at T = 0; it moves the state on, so where it is
+compiled its warm-up call moves it one step further). For each it reports the kernels
 launched (torch.profiler's device events) and the time: on a GPU the summed kernel time of one
 call and, but for ``accept``, the replay of the phase captured alone (CUDA events, median of
 repeats: kernel time plus the gaps between kernels); on a CPU wall time. In cudagraph mode it also
@@ -113,10 +114,11 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
     generator = None if gen.sampling.greedy else torch.Generator(device=engine.device).manual_seed(gen.seed)
     phases = []
     for name, fn in phase_functions(engine, b, gen.sampling, generator).items():
-        if name != "accept":
-            if compiled_phase(engine, name):
-                fn = compile_step(fn)
-            fn()  # warm: a first call may compile, pick kernels or allocate
+        if compiled_phase(engine, name) and (name != "accept" or gen.sampling.greedy):
+            fn = compile_step(fn)  # the engine compiles the acceptance test at T = 0 only
+            fn()  # warm: the first call compiles
+        elif name != "accept":
+            fn()  # warm: a first call may pick kernels or allocate
         kernels, ms, top = kernel_count(fn, cuda)
         graph_ms = _phase_graph_ms(fn, repeats) if cuda and name != "accept" else None
         phases.append(PhaseProfile(name, kernels, ms, top, graph_ms))
@@ -202,7 +204,7 @@ def format_table(rows: list[PerfRow]) -> str:
 @torch.inference_mode()
 def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_compiled: bool = False,
                      clock=time.perf_counter) -> PerfRow:
-    """transformers' own greedy ``generate()`` over the prompts (one warm-up on the first), timed by `clock`."""
+    """transformers' own greedy ``generate()`` over the prompts (one warm-up on the longest), timed by `clock`."""
     config = hf.generation_config
     saved = config.cache_implementation
     try:
@@ -218,7 +220,8 @@ def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_c
         run = lambda ids: hf.generate(torch.tensor([ids], device=device), **kwargs)  # noqa: E731
         # warm up on the longest prompt: a static cache is sized by the first call that needs it, and
         # a later, longer prompt makes a larger one, which the compiled forward recompiles for (on
-        # the H200, with the first prompt as warm-up, the static row ran no faster than the dynamic)
+        # the H200, with the first prompt as warm-up, the static row ran no faster than the dynamic;
+        # warmed up on the longest it ran 267.4 tokens/s against 34.0, RESULTS.md D21b)
         run(max(prompts, key=len))
         tokens, seconds = 0, 0.0
         for ids in prompts:
@@ -270,12 +273,17 @@ def run_table(argv: list[str]) -> str:
     target = Target(hf)
     drafters = {m: load_drafter(str(bundled_drafter_dir(m)), target, method=m) for m in methods}
     prompts = [chat_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in questions]
-    rows = [transformers_row(hf, prompts, base.max_new_tokens)]
-    if target.device.type == "cuda":
-        rows.append(transformers_row(hf, prompts, base.max_new_tokens, static_compiled=True))
-    for name, flags in table_plan(target.device.type, methods):
-        rows.append(speclens_row(name, target, drafters, tokenizer, questions, [*argv, *flags]))
+    rows = []
+
+    def measured(row: PerfRow) -> None:  # each row on stderr as it comes: a run cut short keeps them
+        rows.append(row)
         print(format_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+
+    measured(transformers_row(hf, prompts, base.max_new_tokens))
+    if target.device.type == "cuda":
+        measured(transformers_row(hf, prompts, base.max_new_tokens, static_compiled=True))
+    for name, flags in table_plan(target.device.type, methods):
+        measured(speclens_row(name, target, drafters, tokenizer, questions, [*argv, *flags]))
     import transformers
     head = (f"{len(questions)} prompts, {base.max_new_tokens} new tokens, greedy, {target.device} "
             f"({torch.cuda.get_device_name() if target.device.type == 'cuda' else 'CPU'}), {target.dtype}, "
