@@ -179,9 +179,10 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
 
     def children(logits: torch.Tensor, u: torch.Tensor | None):
         """logits [F, Vd] -> (ids [F, K] draft ids, log q [F, K]): top-k, or k i.i.d. draws from q."""
-        if not shape.sampled:  # log q of the k largest logits: no [F, Vd] log-softmax written
-            values, ids = row_topk(logits, K)
-            return ids, values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
+        if not shape.sampled:  # log q of the k largest logits: no [F, Vd] log-softmax written, and on
+            # a GPU the logsumexp taken in the top-k's own two launches
+            logq, ids = row_topk(logits, K, log_probs=True)
+            return ids, logq
         q = torch.softmax(logits.float() / temperature, dim=-1)  # [F, Vd]
         q_rows.append(q)
         cdf = q.cumsum(-1)  # [F, Vd]

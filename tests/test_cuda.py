@@ -205,7 +205,7 @@ def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_g
         assert spec == ref, seed
 
 
-def test_row_topk_is_torch_topk_on_a_gpu_eager_compiled_and_captured():
+def test_row_topk_is_torch_topk_and_its_log_probs_log_softmax_on_a_gpu_eager_compiled_and_captured():
     from demo.engine import compile_step
     from demo.timing import capture_alone
     from demo.topk import row_topk
@@ -225,11 +225,16 @@ def test_row_topk_is_torch_topk_on_a_gpu_eager_compiled_and_captured():
             if dtype == torch.float32:  # no ties in a random row: torch.topk's columns too
                 assert torch.equal(indices[rows], expected.indices[rows])
             assert indices[3].tolist() == list(range(k))
+            logq, at = row_topk(y, k, log_probs=True)  # the log-softmax of the same picks
+            assert torch.equal(at, indices) and logq.dtype == torch.float32
+            torch.testing.assert_close(logq, torch.log_softmax(y.float(), dim=-1).gather(1, at), atol=1e-5, rtol=1e-5)
     out = torch.zeros(65, 8, dtype=torch.int64, device="cuda")
-    graph = capture_alone(compile_step(lambda: out.copy_(row_topk(x, 8)[1])))
+    logq = torch.zeros(65, 8, device="cuda")
+    graph = capture_alone(compile_step(lambda: (out.copy_(row_topk(x, 8)[1]), logq.copy_(row_topk(x, 8, True)[0]))))
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(out, x.topk(8, dim=-1).indices)
+    torch.testing.assert_close(logq, torch.log_softmax(x, dim=-1).topk(8, dim=-1).values, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])

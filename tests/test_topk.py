@@ -50,3 +50,35 @@ def test_on_a_cpu_row_topk_is_torch_topk():
     values, indices = row_topk(x, 8)
     expected = x.topk(8, dim=-1)
     assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def check_log_probs(width: int, k: int) -> None:
+    """log_probs: the k largest entries' log-softmax over the row (the slices' max and sum of
+    exponentials weighed together in the second pass), at the columns the plain passes pick."""
+    from demo import topk as topk_module
+
+    g = torch.Generator().manual_seed(width + k)
+    x = 4 * torch.randn(4, width, generator=g)
+    x[1, -3:] = 60.0 + torch.arange(3.0)  # the row's mass in its last, partial slice
+    x[2, :] = float("-inf")
+    x[2, [5, width - 1]] = 0.0  # two finite entries: log(1/2) each
+    values, indices = topk_module.two_pass_topk(x, k, topk_module._slice_topk, log_probs=True)
+    plain = topk_module.two_pass_topk(x, k, topk_module._slice_topk)
+    assert torch.equal(indices, plain[1])
+    expected = torch.log_softmax(x, dim=-1).gather(1, indices)
+    torch.testing.assert_close(values, expected, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(values[2, :2], torch.tensor(0.5).log().expand(2))
+
+
+def test_log_probs_are_the_k_largest_entries_log_softmax_in_one_or_two_passes():
+    cases = [(w, k) for w in (64, BLOCK, 3 * BLOCK + 5) for k in (1, 8)]
+    code = ("from tests.test_topk import check_log_probs\n"
+            f"for w, k in {cases!r}:\n    check_log_probs(w, k)\nprint('checked', {len(cases)})")
+    run_interpreted(code, expect=f"checked {len(cases)}", timeout=600)
+
+
+def test_on_a_cpu_log_probs_are_log_softmax_of_the_k_largest():
+    x = torch.randn(3, 3 * BLOCK)
+    values, indices = row_topk(x, 8, log_probs=True)
+    assert torch.equal(indices, x.topk(8, dim=-1).indices)
+    torch.testing.assert_close(values, torch.log_softmax(x, dim=-1).gather(1, indices))
