@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from demo.attend import seen_slots
 from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
@@ -170,7 +171,7 @@ class TreeBuffers:
     root_token: torch.Tensor  # [1] int64: the last emitted token, the tree's root
     root_slot: torch.Tensor  # [1] int64: its position, and the slot where the tree starts
     verify_slots: torch.Tensor  # [1, W] int64: root_slot + node index
-    verify_mask: torch.Tensor  # [1, 1, W, S] bool: tree_attention_mask
+    verify_mask: torch.Tensor  # [1, 1, W, S] bool (tree_attention_mask), or int32 in slot order (Target.ordered_masks)
     parents: torch.Tensor  # [W] int64
     depths: torch.Tensor  # [W] int64
     draft_logq: torch.Tensor  # [W] float32: log q of each node's token at its parent
@@ -377,7 +378,8 @@ class Engine:
             w, r = shape.width, 1 + (k - 1) * shape.topk
             b.tree = TreeBuffers(
                 root_token=zeros(1), root_slot=zeros(1), verify_slots=torch.arange(w, device=dev).view(1, -1),
-                verify_mask=zeros(1, 1, w, t.cache.capacity, dtype=torch.bool), parents=zeros(w), depths=zeros(w),
+                verify_mask=zeros(1, 1, w, t.cache.capacity, dtype=torch.int32 if t.ordered_masks(w) else torch.bool),
+                parents=zeros(w), depths=zeros(w),
                 draft_logq=zeros(w, dtype=torch.float32), q_row=zeros(w),
                 q=zeros(r, t.config.vocab_size, dtype=torch.float32) if shape.sampled else None,
                 uniforms=zeros(k, shape.topk ** 2, dtype=torch.float32) if shape.sampled else None,
@@ -547,8 +549,11 @@ class Engine:
         b.verify_tokens.copy_(draft.tokens.view(1, -1))
         b.verify_positions.copy_((tb.root_slot + draft.depths).view(1, -1))
         tb.verify_slots.copy_((tb.root_slot + torch.arange(shape.width, device=self.device)).view(1, -1))
-        tb.verify_mask.copy_(tree_attention_mask(draft.parents, shape.depth, tb.root_slot.view(()),
-                                                 self.target.cache.capacity))
+        S = self.target.cache.capacity if attend is None else attend  # the slots the verification attends over
+        mask = tree_attention_mask(draft.parents, shape.depth, tb.root_slot.view(()), S)  # [1, 1, W, S] bool
+        if tb.verify_mask.dtype == torch.int32:  # ordered here, with the drafting (compiled), not in the forward
+            mask = seen_slots(mask)
+        tb.verify_mask[..., :S].copy_(mask)
         tb.parents.copy_(draft.parents)
         tb.depths.copy_(draft.depths)
         tb.draft_logq.copy_(draft.draft_logq)

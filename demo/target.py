@@ -118,6 +118,15 @@ class Target:
                 and getattr(self.lm_head, "bias", None) is None
                 and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads))
 
+    def ordered_masks(self, rows: int) -> bool:
+        """Whether a forward of `rows` query rows attends through a mask in slot order
+        (demo.attend.seen_slots): the Triton attention runs, its rows' heads fit one program, and
+        the forward is a decoding step's (at most ORDERED_ROWS rows). A tree's step builds its mask
+        so (demo.engine), and forward orders a boolean one itself."""
+        x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
+        c = self.config
+        return rows <= ORDERED_ROWS and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads)
+
     def check_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Refuse feature layer ids the target does not have (id L is the last layer's output)."""
         for i in layers:
@@ -204,12 +213,12 @@ class Target:
         sin = self.sin[positions].unsqueeze(1)
         slots = positions if slots is None else slots
         S = cache.capacity if attend is None else attend
-        in_order = tokens.shape[1] <= ORDERED_ROWS and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads)
+        in_order = self.ordered_masks(tokens.shape[1])
         if mask is None:  # causal over the slots: [B, 1, q, S] bool, or each row's seen slots, int32
             mask = causal_seen_slots(positions, S) if in_order else causal_slot_mask(positions, S)
-        else:
+        else:  # a tree's: bool, or already in slot order (int32)
             mask = mask[..., :S]
-            if in_order:  # a tree's nodes sum their ancestors as target-only sums the path
+            if in_order and mask.dtype == torch.bool:  # a tree's nodes sum their ancestors as target-only sums the path
                 mask = seen_slots(mask)  # int32 [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
         fused = fused_runs(x, self.act)  # demo.fused's kernels (demo.kernels "fused", on a GPU)

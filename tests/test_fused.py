@@ -152,8 +152,8 @@ def check_tree_rows() -> None:
 
 def check_generations() -> None:
     """Whole generations through the fused layers (and the fused head) give transformers' greedy
-    tokens: target-only, a chain and a tree on Llama; target-only on Qwen2 (q/k/v biases) and Qwen3
-    (q/k norms: RoPE outside the projection's kernel)."""
+    tokens: target-only, a chain and a tree (its mask put in slot order as it is drafted) on Llama;
+    target-only on Qwen2 (q/k/v biases) and Qwen3 (q/k norms: RoPE outside the projection's kernel)."""
     from demo import fused
     from demo.engine import Engine
     from demo.kernels import set_kernels
@@ -181,6 +181,8 @@ def check_generations() -> None:
             tokens, _ = run(engine, prompt, max_new_tokens=12, num_spec_tokens=k, tree=tree, stop_token_ids=())
             assert tokens == ref, (kind, method)
             assert len(calls) > before  # the fused layers ran
+            if tree is not None:  # the tree's mask was put in slot order with its drafting (Target.ordered_masks)
+                assert [b.tree.verify_mask.dtype for b in engine._buffers.values()] == [torch.int32]
 
 
 def test_fused_ops_match_the_eager_layer_and_compute_each_row_alone():
