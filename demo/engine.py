@@ -32,14 +32,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from demo.attend import seen_slots
 from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from demo.topk import row_topk
 from demo.tree import (TREE_SCRATCH, DraftShape, DraftTree, TreeShape, compact_path, draft_tree,
-                       tree_attention_mask)
+                       tree_attention_mask, tree_seen_slots)
 from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q
 
 
@@ -550,9 +549,10 @@ class Engine:
         b.verify_positions.copy_((tb.root_slot + draft.depths).view(1, -1))
         tb.verify_slots.copy_((tb.root_slot + torch.arange(shape.width, device=self.device)).view(1, -1))
         S = self.target.cache.capacity if attend is None else attend  # the slots the verification attends over
-        mask = tree_attention_mask(draft.parents, shape.depth, tb.root_slot.view(()), S)  # [1, 1, W, S] bool
-        if tb.verify_mask.dtype == torch.int32:  # ordered here, with the drafting (compiled), not in the forward
-            mask = seen_slots(mask)
+        if tb.verify_mask.dtype == torch.int32:  # in slot order here, with the drafting (compiled), not in the forward
+            mask = tree_seen_slots(draft.parents, draft.depths, shape.depth, tb.root_slot.view(()), S)
+        else:
+            mask = tree_attention_mask(draft.parents, shape.depth, tb.root_slot.view(()), S)  # [1, 1, W, S] bool
         tb.verify_mask[..., :S].copy_(mask)
         tb.parents.copy_(draft.parents)
         tb.depths.copy_(draft.depths)

@@ -17,7 +17,7 @@ tokens verified per step, the root included (``--speculative-num-draft-tokens``)
    candidate order, which puts parents before children and siblings in the drafter's order.
 4. The target verifies all nodes in one forward: node i is written at slot root + i, with RoPE
    position root + depth(i), and sees the committed text, the root and its own ancestors only
-   (``tree_attention_mask``). The rules of demo/tree_verify.py pick the accepted path; the engine
+   (``tree_attention_mask``; in slot order, as the Triton attention takes it, ``tree_seen_slots``). The rules of demo/tree_verify.py pick the accepted path; the engine
    then moves the path's target K/V to the slots right after the root (``compact_path``).
 
 Sampled drafts (``sampled``: the q rule at T > 0): children are drawn i.i.d. from the drafter's q
@@ -289,6 +289,26 @@ def tree_attention_mask(parents: torch.Tensor, depth: int, root_slot: torch.Tens
     in_tree = (rel >= 0) & (rel < n)
     seen = anc[:, rel.clamp(0, n - 1)] & in_tree[None, :]  # [N+1, S]
     return (seen | (rel < 0)[None, :]).view(1, 1, n, num_slots)
+
+
+def tree_seen_slots(parents: torch.Tensor, depths: torch.Tensor, depth: int, root_slot: torch.Tensor,
+                    num_slots: int) -> torch.Tensor:
+    """``demo.attend.seen_slots(tree_attention_mask(...))`` without the mask: each node's seen slots
+    in order are the slots before the root, then its ancestors-or-self at root_slot + their node id,
+    by depth (node ids grow with depth), then -1. Gathers and comparisons only (no cumulative sum or
+    scatter): compiled, one kernel. parents, depths: [N+1] int64; root_slot: [] int64 -> [1, 1, N+1, S]
+    int32."""
+    at = torch.arange(parents.shape[0], device=parents.device)
+    chain = [at]
+    for _ in range(depth):
+        chain.append(parents[chain[-1]])
+    chain = torch.stack(chain, dim=1)  # [N+1, depth+1]: the node, its parent, its grandparent, ...
+    slots = torch.arange(num_slots, device=parents.device)[None, :]  # [1, S]
+    j = slots - root_slot  # [1, S]: the place past the root (0: the root itself)
+    d = depths[:, None]  # [N+1, 1]
+    node = chain.gather(1, (d - j).clamp(0, depth))  # [N+1, S]: the ancestor at depth j (d - j steps up)
+    order = torch.where(j < 0, slots, torch.where(j <= d, root_slot + node, -1))
+    return order.to(torch.int32).view(1, 1, *order.shape)
 
 
 def compact_path(cache, root_slot: torch.Tensor, path: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
-from demo.tree import MAX_TREE_TOPK, DraftShape, TreeShape, ancestors, tree_attention_mask
+from demo.tree import MAX_TREE_TOPK, DraftShape, TreeShape, ancestors, tree_attention_mask, tree_seen_slots
 from tests.tiny import corrupted_oracle, hf_greedy, run, six_token_target, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
@@ -188,6 +188,18 @@ def test_ancestors_of_random_trees_are_each_nodes_walk_to_the_root():
                 expected[i, j] = True
             depth = max(depth, steps)
         assert torch.equal(ancestors(parents, depth), expected)
+
+
+def test_a_trees_seen_slots_are_its_masks_rows_in_slot_order():
+    from demo.attend import seen_slots
+
+    g = torch.Generator().manual_seed(1)
+    for n, root, S in ((2, 0, 4), (9, 5, 20), (65, 200, 512), (97, 31, 128)):
+        parents = torch.tensor([0] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
+        depths = ancestors(parents, n).sum(-1) - 1  # ancestors-or-self, less the node itself
+        depth = int(depths.max())
+        expected = seen_slots(tree_attention_mask(parents, depth, torch.tensor(root), S))
+        assert torch.equal(tree_seen_slots(parents, depths, depth, torch.tensor(root), S), expected), (n, root)
 
 
 def test_a_tree_shape_that_cannot_be_drafted_is_refused():
