@@ -113,10 +113,8 @@ class Target:
         slot order (demo.attend). Then 1-row target-only decoding is the exact reference of any
         verification, a chain's or a tree's (demo.engine.target_only_width)."""
         x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
-        c = self.config
         return (fused_runs(x, self.act) and all(self._fuse_layer(layer) for layer in self.layers)
-                and getattr(self.lm_head, "bias", None) is None
-                and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads))
+                and getattr(self.lm_head, "bias", None) is None and self.ordered_masks(1))
 
     def ordered_masks(self, rows: int) -> bool:
         """Whether a forward of `rows` query rows attends through a mask in slot order

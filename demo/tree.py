@@ -17,8 +17,9 @@ tokens verified per step, the root included (``--speculative-num-draft-tokens``)
    candidate order, which puts parents before children and siblings in the drafter's order.
 4. The target verifies all nodes in one forward: node i is written at slot root + i, with RoPE
    position root + depth(i), and sees the committed text, the root and its own ancestors only
-   (``tree_attention_mask``; in slot order, as the Triton attention takes it, ``tree_seen_slots``). The rules of demo/tree_verify.py pick the accepted path; the engine
-   then moves the path's target K/V to the slots right after the root (``compact_path``).
+   (``tree_attention_mask``; in slot order, as the Triton attention takes it, ``tree_seen_slots``).
+   The rules of demo/tree_verify.py pick the accepted path; the engine then moves the path's target
+   K/V to the slots right after the root (``compact_path``).
 
 Sampled drafts (``sampled``: the q rule at T > 0): children are drawn i.i.d. from the drafter's q
 at the target's temperature, by inverse CDF on uniforms drawn before the step, and every candidate
