@@ -44,7 +44,6 @@ if HAVE_TRITON:
     import triton.language as tl
 
 MIN_PART = 16  # the narrowest block tl.dot takes
-MAX_ROW_TILES = 4  # row tiles _fused_linear takes at once
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -68,9 +67,6 @@ class Tiles:
     num_stages: int = 3  # Triton's software pipelining of the input loop
     steps: int = 3  # at most this many input steps a program (0: the whole input); a split input's
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
-    row_tiles: int = 1  # where the input is not split (the head): at most this many row tiles a program takes
-    # at once (1, 2 or 4), each weight tile loaded once for them all, so that a wide verification reads the
-    # head's weight once, not once per 16 rows (split inputs take one: they ran slower so, RESULTS.md D21a)
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -83,11 +79,11 @@ class Tiles:
                                  f"{', '.join(cls.__dataclass_fields__)}, not {text!r}")
             values[key] = int(value)
         t = cls(**values)
-        powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.row_tiles)
+        powers = (t.block_m, t.block_n, t.head_split, t.block_k)
         if min(t.block_m, t.block_n, t.block_k) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
-                or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6 or t.row_tiles > MAX_ROW_TILES:
-            raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split a power "
-                             f"of two, row_tiles 1, 2 or 4, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
+                or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
+            raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split a "
+                             f"power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
         return t
 
     def __str__(self) -> str:
@@ -224,13 +220,11 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    column_tiles = triton.cdiv(N, TILES.block_n)
-    splits, chunk = input_splits(K, column_tiles)
-    row_tiles = min(TILES.row_tiles, triton.cdiv(R, TILES.block_m)) if splits == 1 else 1  # taken at once
-    tiles = (triton.cdiv(R, TILES.block_m * row_tiles), column_tiles)
-    if splits > 1:  # each split's partial sums, and a count per row tile and column tile of the splits done
+    tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
+    splits, chunk = input_splits(K, tiles[1])
+    if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
-        done = split_counters(weight, triton.cdiv(R, TILES.block_m) * column_tiles)
+        done = split_counters(weight, tiles[0] * tiles[1])
     else:
         partial, done = out, out  # unused
     kernel[(*tiles, splits)](x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias,
@@ -239,7 +233,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
                              out.stride(0), NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated,
                              RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=TILES.block_m,
                              BLOCK_N=TILES.block_n, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
-                             ROW_TILES=row_tiles, num_warps=TILES.num_warps, num_stages=TILES.num_stages)
+                             num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return out
 
 
@@ -279,115 +273,52 @@ if HAVE_TRITON:
                       eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride,
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      IEEE: tl.constexpr, ROW_TILES: tl.constexpr):
-        """ROW_TILES (1 to 4) row tiles of BLOCK_M rows over this program's columns and split: each
-        weight tile is loaded once and multiplied into each row tile's own sums, so every row tile
-        computes what it computes alone (the same [BLOCK_M, BLOCK_K] loads, norm, dots and order)."""
-        tile = tl.program_id(0) * ROW_TILES  # the first row tile's index
+                      IEEE: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(2)  # which input columns: [split * chunk, (split + 1) * chunk)
+        live = rows < R
         used = cols < N
-        rows0 = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows1 = rows0 + BLOCK_M
-        rows2 = rows1 + BLOCK_M
-        rows3 = rows2 + BLOCK_M
-        inv0 = tl.zeros((BLOCK_M,), dtype=tl.float32)  # 1 / RMS of each row (NORM)
-        inv1 = inv0
-        inv2 = inv0
-        inv3 = inv0
+        x_rows = x_ptr + rows[:, None] * x_stride
         if NORM:  # the whole row's sum of squares, whatever part of the input this program takes
-            inv0 = _inv_rms(x_ptr + rows0[:, None] * x_stride, rows0 < R, K, eps, BLOCK_M, BLOCK_K)
-            if ROW_TILES > 1:
-                inv1 = _inv_rms(x_ptr + rows1[:, None] * x_stride, rows1 < R, K, eps, BLOCK_M, BLOCK_K)
-            if ROW_TILES > 2:
-                inv2 = _inv_rms(x_ptr + rows2[:, None] * x_stride, rows2 < R, K, eps, BLOCK_M, BLOCK_K)
-            if ROW_TILES > 3:
-                inv3 = _inv_rms(x_ptr + rows3[:, None] * x_stride, rows3 < R, K, eps, BLOCK_M, BLOCK_K)
-        acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc1 = acc0
-        acc2 = acc0
-        acc3 = acc0
-        up0 = acc0  # the up half's sums (GATED)
-        up1 = acc0
-        up2 = acc0
-        up3 = acc0
+            inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for start in range(split * chunk, tl.minimum(split * chunk + chunk, K), BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             inside = k < K
+            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+            if NORM:
+                xv = _normed(xv, norm_ptr, k, inside, inv)
             tile_mask = used[None, :] & inside[:, None]
-            w = _weight_tile(w_ptr, cols, w_stride, k, tile_mask)
-            wu = w
+            acc += _dot(xv, _weight_tile(w_ptr, cols, w_stride, k, tile_mask), IEEE)
             if GATED:  # the up half of the stacked gate/up weight
-                wu = _weight_tile(w_ptr, N + cols, w_stride, k, tile_mask)
-            acc0, up0 = _accumulate(acc0, up0, x_ptr, x_stride, rows0, R, k, inside, norm_ptr, inv0, w, wu,
-                                    NORM, GATED, IEEE)
-            if ROW_TILES > 1:
-                acc1, up1 = _accumulate(acc1, up1, x_ptr, x_stride, rows1, R, k, inside, norm_ptr, inv1, w, wu,
-                                        NORM, GATED, IEEE)
-            if ROW_TILES > 2:
-                acc2, up2 = _accumulate(acc2, up2, x_ptr, x_stride, rows2, R, k, inside, norm_ptr, inv2, w, wu,
-                                        NORM, GATED, IEEE)
-            if ROW_TILES > 3:
-                acc3, up3 = _accumulate(acc3, up3, x_ptr, x_stride, rows3, R, k, inside, norm_ptr, inv3, w, wu,
-                                        NORM, GATED, IEEE)
-        _tile_out(acc0, up0, rows0, tile, cols, used, split, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R, N,
-                  res_stride, out_stride, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M)
-        if ROW_TILES > 1:
-            _tile_out(acc1, up1, rows1, tile + 1, cols, used, split, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr,
-                      R, N, res_stride, out_stride, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M)
-        if ROW_TILES > 2:
-            _tile_out(acc2, up2, rows2, tile + 2, cols, used, split, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr,
-                      R, N, res_stride, out_stride, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M)
-        if ROW_TILES > 3:
-            _tile_out(acc3, up3, rows3, tile + 3, cols, used, split, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr,
-                      R, N, res_stride, out_stride, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M)
-
-    @triton.jit
-    def _accumulate(acc, up, x_ptr, x_stride, rows, R, k, inside, norm_ptr, inv, w, wu,
-                    NORM: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr):
-        """One input step of one row tile: its [BLOCK_M, BLOCK_K] block (normed) times the weight tile(s)."""
-        live = rows < R
-        xv = tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=live[:, None] & inside[None, :], other=0.0)
-        if NORM:
-            xv = _normed(xv, norm_ptr, k, inside, inv)
-        acc += _dot(xv, w, IEEE)
-        if GATED:
-            up += _dot(xv, wu, IEEE)
-        return acc, up
-
-    @triton.jit
-    def _tile_out(acc, up, rows, tile, cols, used, split, bias_ptr, res_ptr, out_ptr, partial_ptr, done_ptr, R, N,
-                  res_stride, out_stride, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-                  SPLITS: tl.constexpr, BLOCK_M: tl.constexpr):
-        """A row tile's sums to its output: finished here, or (a split input) left for the tile's last
-        split to finish, which adds them all in split order. A tile past the last row does nothing."""
-        live = rows < R
-        if tile * BLOCK_M < R:
-            if SPLITS == 1:
+                up += _dot(xv, _weight_tile(w_ptr, N + cols, w_stride, k, tile_mask), IEEE)
+        if SPLITS == 1:
+            _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
+                    BIAS, GATED, RESIDUAL)
+        else:  # leave this split's sums; the tile's last split to finish adds them all, in split order
+            width = 2 * N if GATED else N
+            at = partial_ptr + rows[:, None] * width + cols[None, :]  # split 0's [BLOCK_M, BLOCK_N]
+            where = live[:, None] & used[None, :]
+            tl.store(at + split * R * width, acc, mask=where)
+            if GATED:
+                tl.store(at + split * R * width + N, up, mask=where)
+            if _last_split(done_ptr, SPLITS):
+                acc = _split_sum(at, R * width, where, SPLITS)
+                if GATED:
+                    up = _split_sum(at + N, R * width, where, SPLITS)
                 _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
                         BIAS, GATED, RESIDUAL)
-            else:
-                width = 2 * N if GATED else N
-                at = partial_ptr + rows[:, None] * width + cols[None, :]  # split 0's [BLOCK_M, BLOCK_N]
-                where = live[:, None] & used[None, :]
-                tl.store(at + split * R * width, acc, mask=where)
-                if GATED:
-                    tl.store(at + split * R * width + N, up, mask=where)
-                if _last_split(done_ptr, tile * tl.num_programs(1) + tl.program_id(1), SPLITS):
-                    acc = _split_sum(at, R * width, where, SPLITS)
-                    if GATED:
-                        up = _split_sum(at + N, R * width, where, SPLITS)
-                    _finish(acc, up, rows, cols, live, used, bias_ptr, res_ptr, out_ptr, res_stride, out_stride,
-                            BIAS, GATED, RESIDUAL)
 
     @triton.jit
-    def _last_split(done_ptr, tile, SPLITS: tl.constexpr):
+    def _last_split(done_ptr, SPLITS: tl.constexpr):
         """Called once a program has stored its split's sums: whether it is the last of its tile's
-        splits to get here (done_ptr counts them per tile, from zero; tile: the row tile's index times
-        the column tiles, plus the column tile's), and so may read them all. The last sets the count
-        back to zero for the next launch (split_counters): every split of the tile has counted by
-        then, and the launch ends before the next one reads it."""
+        splits to get here (done_ptr counts them per tile, from zero), and so may read them all. The
+        last sets the count back to zero for the next launch (split_counters): every split of the
+        tile has counted by then, and the launch ends before the next one reads it."""
         tl.debug_barrier()  # every thread's stores before the count
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         last = tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
         if last:
             tl.atomic_xchg(done_ptr + tile, 0, sem="relaxed", scope="gpu")
@@ -452,7 +383,7 @@ if HAVE_TRITON:
             at = partial_ptr + rows[:, None] * width  # split 0's rows
             tl.store(at + split * R * width + first[None, :], a, mask=live[:, None])
             tl.store(at + split * R * width + second[None, :], b, mask=live[:, None])
-            if _last_split(done_ptr, tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), SPLITS):
+            if _last_split(done_ptr, SPLITS):
                 a = _split_sum(at + first[None, :], R * width, live[:, None], SPLITS)
                 b = _split_sum(at + second[None, :], R * width, live[:, None], SPLITS)
                 _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr,

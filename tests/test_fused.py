@@ -21,8 +21,7 @@ def check_ops() -> None:
     """Each op gives the eager layer's pieces (demo.layers), and each row the same bits alone as
     beside 12 others, whatever the grid and the input step (the default tiles and others), the input
     split between programs too (its partial sums added in split order, the split counters kept
-    beside the weight and left at zero by every launch, so a launch after others gives the same), and
-    an unsplit input's row tiles taken several at once by a program (Tiles.row_tiles)."""
+    beside the weight and left at zero by every launch, so a launch after others gives the same)."""
     from demo import fused
     from demo.layers import rms_norm
 
@@ -32,9 +31,7 @@ def check_ops() -> None:
              (13, 100, 40, fused.Tiles(block_n=16, head_split=2, num_warps=2)),
              (13, 300, 40, fused.Tiles(block_k=128, num_stages=2)), (40, 100, 40, fused.Tiles(block_m=32)),
              (13, 576, 40, fused.Tiles(steps=4)), (20, 100, 72, fused.Tiles(steps=1, block_m=32)),
-             (40, 576, 40, fused.Tiles(row_tiles=4)),  # a split input: 3 row tiles, each its own program and count
-             (40, 100, 40, fused.Tiles(steps=0, row_tiles=2)),  # unsplit: 3 row tiles, two a program at once
-             (72, 100, 40, fused.Tiles(steps=0, row_tiles=4)))  # 5 row tiles: a program of four and one of one
+             (40, 576, 40, fused.Tiles()))  # a split input over 3 row tiles, each counting its splits
     for R, K, N, tiles in cases:
         fused.set_tiles(tiles)
         x = torch.randn(R, K, generator=g)
