@@ -49,7 +49,7 @@ def check_rows_alone(split) -> None:
     run = lambda *a: attend_module.split_attend(*a, attend_module._attend_split, attend_module._attend_combine, split)  # noqa: E731
     for kind in ("tree", "causal"):
         q, k, v, mask = _inputs(1, 9, 3, 13, 300, 64, kind, seed=5)
-        for m in (mask, attend_module.seen_slots(mask)):  # packed rows; rows in slot order, five a program
+        for m in (mask, attend_module.seen_slots(mask)):  # packed rows; rows in slot order, one a program
             together = run(q, k, v, m)
             for row in (0, 4, 6, 12):
                 alone = run(q[:, :, row:row + 1], k, v, m[:, :, row:row + 1])
@@ -109,7 +109,7 @@ CASES = [  # B, nh, nkv, M, S, hd, mask, slots per split
 
 
 ORDERED_CASES = [(1, 9, 3, 8, 300, 64, "tree", 128), CASES[3], (1, 8, 2, 6, 300, 16, "tree", 128),  # groups of 3, 1, 4
-                 (1, 9, 3, 8, 200, 64, "causal", 64)]  # blocks all rows see, then blocks where they differ
+                 (1, 9, 3, 8, 200, 64, "causal", 64)]  # a chain's verification in slot order, four splits
 
 
 def test_split_attention_matches_sdpa_and_each_row_is_computed_alone_and_a_tree_row_as_its_path():
