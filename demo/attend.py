@@ -21,7 +21,11 @@ A decoding step's forwards pass their masks in slot order (``seen_slots``, ``cau
 each row's seen slots, in increasing order): a program then takes one query row's heads and walks
 that row's seen slots side by side, so a tree node whose ancestors lie scattered over the tree's
 slots sums them in the blocks and lanes where target-only, decoding that path one token at a time,
-finds them at contiguous slots. Target-only's steps and a chain's verification attend in slot order
+finds them at contiguous slots. A split that several consecutive rows all see whole (the text
+before a tree or a chain: the n-th seen slot is slot n for each) is the same keys in the same lanes
+for each of them, so the first of a group of rows takes it for the group, their heads packed as
+rows, and the others skip it (``rows_sharing``): a tree's rows read the text's K/V once a group
+instead of once a row. Target-only's steps and a chain's verification attend in slot order
 too (``ORDERED_ROWS``): on an H200 the packed and the slot-order kernels, compiled apart, round a
 few rows differently on the same keys (6 of a 65-node tree's rows at the default target's shape,
 tests/test_cuda.py), so every row a decoding step computes goes through the one kernel. With every
@@ -52,6 +56,12 @@ ORDERED_ROWS = 256  # forwards of at most this many query rows (every decoding s
 BLOCK_M = 16  # query rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
 BLOCK_N = 64  # slots per inner step
 SPLIT = 128  # slots per program (a multiple of BLOCK_N)
+SHARE_SPLITS = True  # slot order: a split that a group of rows sees whole is one program's (False: one row a program)
+
+
+def rows_sharing(group: int) -> int:
+    """Query rows whose heads one slot-order program packs, over a split they all see whole."""
+    return max(1, BLOCK_M // group) if SHARE_SPLITS else 1
 
 
 def triton_runs(q: torch.Tensor) -> bool:
@@ -133,7 +143,8 @@ def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), mask.stride(0), mask.stride(2),
         GROUP=group, HD=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=split, ONE_SPLIT=splits == 1,
-        ORDERED=ordered, IEEE=q.dtype == torch.float32)
+        ORDERED=ordered, IEEE=q.dtype == torch.float32, ROWS=rows_sharing(group),
+        ROWS_P2=triton.next_power_of_2(rows_sharing(group)))
     if splits > 1:
         combine_kernel[(B * M * nh,)](partial, stats, out, splits, HD=hd)
     return out
@@ -144,17 +155,30 @@ if HAVE_TRITON:
     def _attend_split(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S, NKV, qk_scale: tl.constexpr,
                       q_sb, q_sh, q_sm, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm,
                       GROUP: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ORDERED: tl.constexpr, IEEE: tl.constexpr):
+                      SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ORDERED: tl.constexpr, IEEE: tl.constexpr,
+                      ROWS: tl.constexpr, ROWS_P2: tl.constexpr):
         bk = tl.program_id(0)
         b = bk // NKV
         kv = bk % NKV
         part = tl.program_id(1)
         split = tl.program_id(2)
         nh = NKV * GROUP
+        lo = split * SPLIT
+        hi = tl.minimum(lo + SPLIT, S)
         if ORDERED:  # one query row's heads; n below counts its seen slots, in order
             r = tl.arange(0, BLOCK_M)
-            m = part + r * 0
-            live = r < GROUP
+            # A split that every row of this row's group sees whole (the text before a tree or a
+            # chain) is the same keys in the same lanes for each: the group's first row takes it
+            # for all of them, their heads packed as rows, and the others skip it. A split where
+            # the rows part stays one row a program, so no program walks more blocks than before.
+            lead = part - part % ROWS
+            g = tl.arange(0, ROWS_P2)
+            last = tl.load(mask_ptr + b * mask_sb + (lead + g) * mask_sm + hi - 1, mask=(g < ROWS) & (lead + g < M),
+                           other=-2)
+            shared = tl.sum(((last != hi - 1) & (last != -2)).to(tl.int32), axis=0) == 0
+            m = tl.where(shared, lead + r // GROUP, part + r * 0)
+            packed = (r < ROWS * GROUP) & (m < M) & (part == lead)
+            live = tl.where(shared, packed.to(tl.int32), (r < GROUP).to(tl.int32)) != 0
         else:  # packed rows: query row r // GROUP, head kv * GROUP + r % GROUP; n is the slot
             r = part * BLOCK_M + tl.arange(0, BLOCK_M)
             m = r // GROUP
@@ -168,14 +192,13 @@ if HAVE_TRITON:
         k_base = k_ptr + b * k_sb + kv * k_sh
         v_base = v_ptr + b * v_sb + kv * v_sh
         mask_base = mask_ptr + b * mask_sb + m[:, None] * mask_sm
-        lo = split * SPLIT
-        hi = tl.minimum(lo + SPLIT, S)
         if ORDERED:  # the row's seen slots come first: stop after the last block holding one (a block
             # that sees nothing would add exact zeros, and a split past the row's last slot does nothing)
             ahead = lo + tl.arange(0, SPLIT)
             order = tl.load(mask_ptr + b * mask_sb + part * mask_sm + ahead, mask=ahead < S, other=-1)
             seen_here = tl.sum((order >= 0).to(tl.int32), axis=0)
             hi = tl.minimum(hi, lo + (seen_here + BLOCK_N - 1) // BLOCK_N * BLOCK_N)
+            hi = tl.where(shared & (part != lead), lo, hi)  # the group's first row takes this split
         for start in range(lo, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             inside = n < S
