@@ -67,6 +67,7 @@ class Tiles:
     num_stages: int = 3  # Triton's software pipelining of the input loop
     steps: int = 3  # at most this many input steps a program (0: the whole input); a split input's
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
+    wide_block_n: int = 64  # output columns a program takes in a projection too wide to split (the head)
 
     @classmethod
     def parse(cls, text: str) -> "Tiles":
@@ -79,8 +80,8 @@ class Tiles:
                                  f"{', '.join(cls.__dataclass_fields__)}, not {text!r}")
             values[key] = int(value)
         t = cls(**values)
-        powers = (t.block_m, t.block_n, t.head_split, t.block_k)
-        if min(t.block_m, t.block_n, t.block_k) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
+        powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.wide_block_n)
+        if min(t.block_m, t.block_n, t.block_k, t.wide_block_n) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
                 or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
             raise ValueError(f"block_m, block_n and block_k powers of two of at least {MIN_PART}, head_split a "
                              f"power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
@@ -220,8 +221,11 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, TILES.block_n))
-    splits, chunk = input_splits(K, tiles[1])
+    block_n = TILES.block_n
+    splits, chunk = input_splits(K, triton.cdiv(N, block_n))
+    if splits == 1 and triton.cdiv(N, block_n) >= SPLIT_BELOW:  # the head: its own column tiles
+        block_n = TILES.wide_block_n
+    tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, block_n))
     if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
         done = split_counters(weight, tiles[0] * tiles[1])
@@ -232,7 +236,7 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
                              x.stride(0), weight.stride(0), 0 if residual is None else residual.stride(0),
                              out.stride(0), NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated,
                              RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=TILES.block_m,
-                             BLOCK_N=TILES.block_n, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
+                             BLOCK_N=block_n, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
                              num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return out
 
