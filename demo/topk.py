@@ -44,45 +44,6 @@ def row_topk(x: torch.Tensor, k: int, log_probs: bool = False) -> tuple[torch.Te
     return top.values, top.indices
 
 
-EXPAND_MAX_ENTRIES = 8192  # expand_topk's second pass holds the rows' first-pass picks in one program
-
-
-def expand_topk(x: torch.Tensor, k: int, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One depth of a draft tree: each frontier row's k children and the next frontier.
-
-    x [R, V] the rows' logits; score [R] float32, each row's cumulative log q -> (log q [R, k]
-    float32 and ids [R, k] int64, as ``row_topk(x, k, log_probs=True)``; best [k] int64, the flat
-    indices row * k + j of the k largest score[row] + log q[row, j], largest first, lowest index
-    first among equals, as ``row_topk`` over the [1, R * k] scores). On a GPU the second pass does
-    both in one program: no launch for the scores and none for the frontier's own top-k."""
-    R, V = x.shape
-    width = triton.cdiv(V, BLOCK) * k if triton is not None else 0
-    if (triton is not None and x.is_cuda and k <= min(32, V) and V > BLOCK
-            and triton.next_power_of_2(R) * triton.next_power_of_2(width) <= EXPAND_MAX_ENTRIES):
-        return torch.ops.speclens.expand_topk(x.contiguous(), k, score.float().contiguous())
-    logq, ids = row_topk(x, k, log_probs=True)
-    best = row_topk((score[:, None] + logq).view(1, R * k), k)[1].view(k)
-    return logq, ids, best
-
-
-def two_pass_expand(x: torch.Tensor, k: int, score: torch.Tensor, kernel, pick_kernel):
-    """expand_topk's launches (jitted or interpreted): the first pass of `two_pass_topk` with the
-    slices' log-softmax stats, then one ``_expand_pick`` program. x [R, V] contiguous, V > BLOCK."""
-    R, V = x.shape
-    slices = triton.cdiv(V, BLOCK)
-    vals = torch.empty(R, slices * k, dtype=torch.float32, device=x.device)  # [R, S*k] each slice's picks
-    pos = torch.empty(R, slices * k, dtype=torch.int64, device=x.device)  # their columns in x
-    sums = torch.empty(R, slices, 2, dtype=torch.float32, device=x.device)  # max, sum of exp
-    launch(kernel, (R, slices), x, vals, pos, V, BLOCK, k, sums, slices, LSE_STATS)
-    logq = torch.empty(R, k, dtype=torch.float32, device=x.device)
-    ids = torch.empty(R, k, dtype=torch.int64, device=x.device)
-    best = torch.empty(k, dtype=torch.int64, device=x.device)
-    pick_kernel[(1,)](vals, pos, sums, score, logq, ids, best, R, slices * k, slices, K=k,
-                      R_P2=triton.next_power_of_2(R), W_P2=triton.next_power_of_2(slices * k),
-                      SLICES=triton.next_power_of_2(slices), K_P2=triton.next_power_of_2(k))
-    return logq, ids, best
-
-
 def two_pass_topk(x: torch.Tensor, k: int, kernel, log_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The two passes, launching `kernel` (``_slice_topk``, jitted or interpreted) as `launch`
     does; x [R, V] contiguous -> (values [R, k] float32, indices [R, k] int64)."""
@@ -150,56 +111,6 @@ if triton is not None:
             tl.store(out + i, best - lse)
             tl.store(positions_ptr + row * out_stride + part * K + i, (part * BLOCK + at).to(tl.int64))
             taken = taken | (lane == at)
-
-    @triton.jit
-    def _expand_pick(vals_ptr, pos_ptr, stats_ptr, score_ptr, logq_ptr, ids_ptr, best_ptr, R, width, slices,
-                     K: tl.constexpr, R_P2: tl.constexpr, W_P2: tl.constexpr, SLICES: tl.constexpr,
-                     K_P2: tl.constexpr):
-        """The second pass over all R rows at once: each row's k largest of its slices' picks, as
-        log-softmax values (the slices' stats weighed into the row's logsumexp, as LSE_WEIGHED),
-        then the k largest of score[row] + those over every row, flat index row * K + j."""
-        rows = tl.arange(0, R_P2)
-        lane = tl.arange(0, W_P2)
-        live = rows < R
-        inside = live[:, None] & (lane < width)[None, :]
-        x = tl.load(vals_ptr + rows[:, None] * width + lane[None, :], mask=inside, other=float("-inf"))
-        x = tl.where(x == x, x, float("-inf"))  # [R_P2, W_P2]
-        s = tl.arange(0, SLICES)
-        lse = tl.zeros((R_P2,), dtype=tl.float32)  # [R_P2] each row's logsumexp, weighed row by row as
-        for r in tl.static_range(R_P2):  # LSE_WEIGHED weighs it (the same reduction, the same bits)
-            there = s < tl.where(r < R, slices, 0)  # no slices for a padding row
-            tops = tl.load(stats_ptr + (r * slices + s) * 2, mask=there, other=float("-inf"))
-            sums = tl.load(stats_ptr + (r * slices + s) * 2 + 1, mask=there, other=0.0)
-            peak = tl.max(tops, axis=0)
-            shift = tl.where(peak == float("-inf"), 0.0, peak)
-            lse = tl.where(rows == r, shift + tl.log(tl.sum(sums * tl.exp(tops - shift), axis=0)), lse)
-        j = tl.arange(0, K_P2)
-        picks = tl.full((R_P2, K_P2), float("-inf"), dtype=tl.float32)  # each row's log q, largest first
-        taken = (rows[:, None] < 0) & (lane[None, :] < 0)  # none yet
-        for i in tl.static_range(K):
-            free = inside & ~taken
-            best = tl.max(tl.where(free, x, float("-inf")), axis=1)  # [R_P2]
-            at = tl.min(tl.where(free & (x == best[:, None]), lane[None, :], W_P2), axis=1)
-            tl.store(logq_ptr + rows * K + i, best - lse, mask=live)
-            tl.store(ids_ptr + rows * K + i, tl.load(pos_ptr + rows * width + at, mask=live, other=0), mask=live)
-            picks = tl.where(j[None, :] == i, (best - lse)[:, None], picks)
-            taken = taken | (lane[None, :] == at[:, None])
-        score = tl.load(score_ptr + rows, mask=live, other=0.0)
-        valid = live[:, None] & (j < K)[None, :]
-        total = tl.where(valid, score[:, None] + picks, float("-inf"))  # [R_P2, K_P2]
-        flat = rows[:, None] * K + j[None, :]
-        chosen = (rows[:, None] < 0) & (j[None, :] < 0)
-        for i in tl.static_range(K):
-            free = valid & ~chosen
-            top = tl.max(tl.max(tl.where(free, total, float("-inf")), axis=1), axis=0)
-            at = tl.min(tl.min(tl.where(free & (total == top), flat, R_P2 * K_P2 * 2), axis=1), axis=0)
-            tl.store(best_ptr + i, at.to(tl.int64))
-            chosen = chosen | (flat == at)
-
-    @torch.library.triton_op("speclens::expand_topk", mutates_args=())
-    def _expand_topk_op(x: torch.Tensor, k: int, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return two_pass_expand(x, k, score, torch.library.wrap_triton(_slice_topk),
-                               torch.library.wrap_triton(_expand_pick))
 
     @torch.library.triton_op("speclens::row_topk", mutates_args=())
     def _row_topk_op(x: torch.Tensor, k: int, log_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from demo.topk import expand_topk, row_topk
+from demo.topk import row_topk
 
 # Drafter cache slots reserved past the context for frontier nodes ((depth - 1) * topk of them).
 TREE_SCRATCH = 512
@@ -213,11 +213,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         mask = ((slot_ids < draft_position)[None, :] | f_seen).view(1, 1, K, capacity)  # [1, 1, K, S]
         logits, hidden = drafter.forward(tokens, positions, f_hidden.reshape(1, K, -1), slots=slots, mask=mask,
                                          attend=capacity)
-        best = None  # [K] the next frontier's flat child indices, when the children's top-k picks it
-        if not shape.sampled and d < D - 1:
-            logq, ids, best = expand_topk(logits[0], K, f_score)  # [K, K], [K, K], [K]
-        else:
-            ids, logq = children(logits[0], uniforms[d].view(K, K) if shape.sampled else None)  # [K, K] each
+        ids, logq = children(logits[0], uniforms[d].view(K, K) if shape.sampled else None)  # [K, K] each
         scores = (f_score[:, None] + logq).view(K * K)  # [K*K] cumulative log q
         cand_ids.append(ids.view(K * K))
         cand_logq.append(logq.view(K * K))
@@ -226,8 +222,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         cand_qrow.append((1 + (d - 1) * K + torch.arange(K, device=dev)).repeat_interleave(K))
         cand_depth.append(torch.full((K * K,), d + 1, dtype=torch.int64, device=dev))
         if d < D - 1:  # the next frontier: the k best children
-            if best is None:
-                best = row_topk(scores.view(1, K * K), K)[1].view(K)  # [K]
+            best = row_topk(scores.view(1, K * K), K)[1].view(K)  # [K]
             parent = best // K  # [K] which frontier row each came from
             frontier = start + best
             f_ids = ids.view(K * K)[best]

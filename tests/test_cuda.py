@@ -237,35 +237,6 @@ def test_row_topk_is_torch_topk_and_its_log_probs_log_softmax_on_a_gpu_eager_com
     torch.testing.assert_close(logq, torch.log_softmax(x, dim=-1).topk(8, dim=-1).values, atol=1e-5, rtol=1e-5)
 
 
-def test_expand_topk_is_row_topk_twice_on_a_gpu_eager_compiled_and_captured():
-    # a tree depth's children and next frontier from one second pass: row_topk's, bit for bit
-    from demo.engine import compile_step
-    from demo.timing import capture_alone
-    from demo.topk import expand_topk, row_topk
-
-    def reference(x, score, k):
-        logq, ids = row_topk(x, k, log_probs=True)
-        return logq, ids, row_topk((score[:, None] + logq).view(1, -1), k)[1].view(k)
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for rows, k, dtype in ((8, 8, torch.bfloat16), (10, 10, torch.bfloat16), (3, 4, torch.float32)):
-        x = (3 * torch.randn(rows, 49152, device="cuda", generator=g)).to(dtype)
-        x[1] = 0.5  # tied children
-        score = torch.randn(rows, device="cuda", generator=g)
-        for got, want in zip(expand_topk(x, k, score), reference(x, score, k)):
-            assert torch.equal(got, want), (rows, k, dtype)
-    x = torch.randn(8, 49152, device="cuda", dtype=torch.bfloat16)
-    score = torch.randn(8, device="cuda")
-    out = [torch.zeros(8, 8, device="cuda"), torch.zeros(8, 8, dtype=torch.int64, device="cuda"),
-           torch.zeros(8, dtype=torch.int64, device="cuda")]
-    graph = capture_alone(compile_step(lambda: [o.copy_(r) for o, r in zip(out, expand_topk(x, 8, score))]))
-    x.copy_(torch.randn_like(x))
-    score.copy_(torch.randn_like(score))
-    graph.replay()
-    for got, want in zip(out, reference(x, score, 8)):
-        assert torch.equal(got, want)
-
-
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
 def test_a_vocabulary_wider_than_a_topk_slice_keeps_graph_mode_and_compile_lossless(tree):
     # 5,000 tokens: the tree's children and every step's top candidates take demo.topk's Triton passes

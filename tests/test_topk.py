@@ -82,39 +82,3 @@ def test_on_a_cpu_log_probs_are_log_softmax_of_the_k_largest():
     values, indices = row_topk(x, 8, log_probs=True)
     assert torch.equal(indices, x.topk(8, dim=-1).indices)
     torch.testing.assert_close(values, torch.log_softmax(x, dim=-1).gather(1, indices))
-
-
-def check_expand(rows: int, width: int, k: int) -> None:
-    """expand_topk's two launches give row_topk's children (log q, ids) and, over parent score + log
-    q, row_topk's k best flat indices: equal scores lowest index first (rows whose entries all tie)."""
-    from demo import topk as topk_module
-
-    g = torch.Generator().manual_seed(rows * 7 + width + k)
-    x = 3 * torch.randn(rows, width, generator=g)
-    x[1, :] = 0.5  # a row of ties: its children are its lowest columns, their scores equal
-    x[-1, -2:] = 40.0 + torch.arange(2.0)  # the row's mass in its last, partial slice
-    score = torch.randn(rows, generator=g)
-    score[1] = 20.0  # the tied children lead the frontier
-    x[0], score[0] = x[1], score[1]  # and so do row 0's, tied with them
-    logq, ids, best = topk_module.two_pass_expand(x, k, score, topk_module._slice_topk, topk_module._expand_pick)
-    ref_logq, ref_ids = topk_module.two_pass_topk(x, k, topk_module._slice_topk, log_probs=True)
-    assert torch.equal(ids, ref_ids) and torch.equal(logq, ref_logq)  # the same reductions: the same bits
-    scores = (score[:, None] + logq).view(1, rows * k)
-    assert torch.equal(best, topk_module.two_pass_topk(scores, k, topk_module._slice_topk)[1].view(k))
-
-
-def test_expand_topk_gives_the_childrens_top_k_and_the_next_frontier_in_one_second_pass():
-    cases = [(8, 3 * BLOCK + 5, 8), (3, 2 * BLOCK, 4), (5, BLOCK + 1, 1)]
-    code = ("from tests.test_topk import check_expand\n"
-            f"for case in {cases!r}:\n    check_expand(*case)\nprint('checked', {len(cases)})")
-    run_interpreted(code, expect=f"checked {len(cases)}", timeout=600)
-
-
-def test_on_a_cpu_expand_topk_is_row_topk_twice():
-    from demo.topk import expand_topk
-
-    x, score = torch.randn(4, 3 * BLOCK), torch.randn(4)
-    logq, ids, best = expand_topk(x, 3, score)
-    ref_logq, ref_ids = row_topk(x, 3, log_probs=True)
-    assert torch.equal(ids, ref_ids) and torch.equal(logq, ref_logq)
-    assert torch.equal(best, (score[:, None] + logq).view(-1).topk(3).indices)
