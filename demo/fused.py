@@ -57,7 +57,8 @@ class Tiles:
     verification runs more row tiles, each reading the same weights (the head's 56 MB for the
     default target, once per 16 rows). The defaults are the quickest measured in the decoding loop
     on the H200: 128-column input steps, at most three a program, so that a small projection's
-    input is split among programs (docs/PERFORMANCE.md)."""
+    input is split among programs; the head, too wide to split, 64 columns a program, so that a wide
+    verification reads its rows half as often (docs/PERFORMANCE.md)."""
 
     block_m: int = 16  # rows a program takes
     block_n: int = 32  # output columns a fused_linear program takes
