@@ -99,6 +99,26 @@ def check_tree_rows_as_paths(split) -> None:
         assert torch.equal(alone[:, 0], tree[:, node]), node
 
 
+def check_a_split_is_shared_only_where_every_row_of_the_group_sees_it_whole() -> None:
+    """Slot-order rows share a split's program only when every row of their group sees it whole:
+    here the group of nodes 5 to 9 has a first row (node 5, a chain from the root) that sees split 0
+    whole while node 6 parts from it inside the split, and each row still gets the bits it gets alone."""
+    from demo.tree import tree_attention_mask
+
+    g = torch.Generator().manual_seed(11)
+    root, S = 58, 128  # split 0 ends at slot 63 = root + 5
+    parents = torch.tensor([0, 0, 1, 2, 3, 4, 3, 6, 5, 8])
+    q = torch.randn(1, 9, parents.shape[0], 64, generator=g)
+    k, v = torch.randn(1, 3, S, 64, generator=g), torch.randn(1, 3, S, 64, generator=g)
+    order = attend_module.seen_slots(tree_attention_mask(parents, 7, torch.tensor(root), S))
+    assert int(order[0, 0, 5, 63]) == 63 and int(order[0, 0, 6, 62]) == 64  # node 6: slot 64 where 5 has 62
+    run = lambda q, m: attend_module.split_attend(q, k, v, m, attend_module._attend_split,  # noqa: E731
+                                                  attend_module._attend_combine, 64)
+    together = run(q, order)
+    for row in range(parents.shape[0]):
+        assert torch.equal(run(q[:, :, row:row + 1], order[:, :, row:row + 1])[:, 0], together[:, row]), row
+
+
 CASES = [  # B, nh, nkv, M, S, hd, mask, slots per split
     (1, 9, 3, 8, 200, 64, "causal", 128),  # a chain's verification, two splits (GQA groups of 3)
     (1, 9, 3, 1, 77, 64, "causal", 128),  # one token, one split: the first kernel writes the output
@@ -114,10 +134,11 @@ ORDERED_CASES = [(1, 9, 3, 8, 300, 64, "tree", 128), CASES[3], (1, 8, 2, 6, 300,
 
 def test_split_attention_matches_sdpa_and_each_row_is_computed_alone_and_a_tree_row_as_its_path():
     code = ("from tests.test_attend import check_against_sdpa, check_in_slot_order, check_rows_alone, "
-            "check_tree_rows_as_paths\n"
+            "check_tree_rows_as_paths, check_a_split_is_shared_only_where_every_row_of_the_group_sees_it_whole\n"
             f"for case in {CASES!r}:\n    check_against_sdpa(*case)\n"
             f"for case in {ORDERED_CASES!r}:\n    check_in_slot_order(*case)\n"
-            "check_rows_alone(128)\ncheck_rows_alone(64)\ncheck_tree_rows_as_paths(64)\nprint('checked')")
+            "check_rows_alone(128)\ncheck_rows_alone(64)\ncheck_tree_rows_as_paths(64)\n"
+            "check_a_split_is_shared_only_where_every_row_of_the_group_sees_it_whole()\nprint('checked')")
     run_interpreted(code)
 
 
