@@ -133,6 +133,6 @@ def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_and_refuse
     assert variants(config) == [("torch", None), ("fused", "default"), ("fused", "block_n=16:steps=3")]
     assert variants(parse_args(["--kernels", "fused", "--device", "cpu"])) == [("fused", None)]
     for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
-                "block_m", "rows=16"):
+                "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8"):
         with pytest.raises(SystemExit):
             parse_args(["--kernels", "fused", "--tiles", bad, "--device", "cpu"])
