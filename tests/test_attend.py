@@ -49,7 +49,8 @@ def check_rows_alone(split) -> None:
     run = lambda *a: attend_module.split_attend(*a, attend_module._attend_split, attend_module._attend_combine, split)  # noqa: E731
     for kind in ("tree", "causal"):
         q, k, v, mask = _inputs(1, 9, 3, 13, 300, 64, kind, seed=5)
-        for m in (mask, attend_module.seen_slots(mask)):  # packed rows; rows in slot order, one a program
+        for m in (mask, attend_module.seen_slots(mask)):  # packed rows; rows in slot order (the causal rows
+            # share every split but the last, in groups of five, and part in the last)
             together = run(q, k, v, m)
             for row in (0, 4, 6, 12):
                 alone = run(q[:, :, row:row + 1], k, v, m[:, :, row:row + 1])
