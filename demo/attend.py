@@ -136,15 +136,15 @@ def split_attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     else:
         partial = torch.empty(B, M, nh, splits, hd, dtype=torch.float32, device=q.device)
         stats = torch.empty(B, M, nh, splits, 2, dtype=torch.float32, device=q.device)  # (max, total), log2 units
-    ordered = mask.dtype == torch.int32  # each row's seen slots in order: one query row a program
+    ordered = mask.dtype == torch.int32  # each row's seen slots in order: one query row a program,
+    sharing = rows_sharing(group)  # or this many over a split they all see whole
     grid = (B * nkv, M if ordered else triton.cdiv(rows, BLOCK_M), splits)
     split_kernel[grid](
         q, k_cache, v_cache, mask, out, partial, stats, M, S, nkv, math.log2(math.e) / math.sqrt(hd),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), mask.stride(0), mask.stride(2),
         GROUP=group, HD=hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, SPLIT=split, ONE_SPLIT=splits == 1,
-        ORDERED=ordered, IEEE=q.dtype == torch.float32, ROWS=rows_sharing(group),
-        ROWS_P2=triton.next_power_of_2(rows_sharing(group)))
+        ORDERED=ordered, IEEE=q.dtype == torch.float32, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing))
     if splits > 1:
         combine_kernel[(B * M * nh,)](partial, stats, out, splits, HD=hd)
     return out
