@@ -54,9 +54,9 @@ class TreeShape:
 
 # The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
 # (k, tree or None for a chain), the app's default (docs/RESULTS.md, "Draft trees"): on an H200 in
-# graph mode with the fused kernels, tree 7 x 8, 64 (2323.5 tokens/s on the categories set against
-# 2184.9 for 8 x 8, 96 and 1904.6 for the best chain; on ShareGPT 2869.3, within 0.3 % of the best
-# tree measured, RESULTS.md D17); on 2 CPU cores, where verification grows with the width, a chain
+# graph mode with the fused kernels, tree 7 x 8, 64 (2745.4 tokens/s on the categories set against
+# 2696.6 for 8 x 8, 64 and 2166.1 for the best chain, RESULTS.md D24c; on ShareGPT within 0.3 % of
+# the best tree measured, D17); on 2 CPU cores, where verification grows with the width, a chain
 # of 3 (29.3 tokens/s against 27.9 for the best tree measured, depth 4, top-2, 8 tokens, which the
 # tree settings start from; with prepacked weights the two ran within the machine's noise of each
 # other, RESULTS.md C6).
