@@ -35,11 +35,28 @@ def generate(driver, prompt: str = PROMPT) -> None:
              "the end of the generation")
 
 
-def tap(driver, element) -> None:
-    """A finger's tap (touch events, then the click the browser makes of them): no hover, no mouse."""
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
-    x, y = driver.execute_script("const r = arguments[0].getBoundingClientRect();"
-                                 "return [r.left + Math.min(r.width / 2, 4), r.top + r.height / 2];", element)
+SETTLED_POINT_JS = """
+const [element, done] = arguments;
+element.scrollIntoView({block: "center"});
+const point = () => { const r = element.getBoundingClientRect();
+                      return [r.left + Math.min(r.width / 2, 4), r.top + r.height / 2]; };
+const before = point();
+requestAnimationFrame(() => requestAnimationFrame(() => {
+  const [x, y] = point();
+  const hit = document.elementFromPoint(x, y);
+  const still = x === before[0] && y === before[1];
+  done(still && hit && (hit === element || element.contains(hit)) ? [x, y] : null);
+}));
+"""
+
+
+def tap(driver, element, timeout: float = 30) -> None:
+    """A finger's tap (touch events, then the click the browser makes of them): no hover, no mouse.
+    It lands once the element stays put for two frames and is what the finger would touch: on a busy
+    machine the inspector's smooth scroll into sight, or a redraw above the element, can move it
+    between reading its place and tapping there (CI: the step before's button missed once)."""
+    x, y = wait_for(lambda: driver.execute_async_script(SETTLED_POINT_JS, element), timeout,
+                    f"a {element.tag_name} to settle under the finger")
     driver.execute_cdp_cmd("Input.dispatchTouchEvent", {"type": "touchStart", "touchPoints": [{"x": x, "y": y}]})
     driver.execute_cdp_cmd("Input.dispatchTouchEvent", {"type": "touchEnd", "touchPoints": []})
 
