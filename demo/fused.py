@@ -223,11 +223,10 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
     R, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(R, N, dtype=x.dtype, device=x.device)
-    block_n = TILES.block_n
-    splits, chunk = input_splits(K, triton.cdiv(N, block_n))
-    if splits == 1 and triton.cdiv(N, block_n) >= SPLIT_BELOW:  # the head: its own column tiles
-        block_n = TILES.wide_block_n
+    wide = triton.cdiv(N, TILES.block_n) >= SPLIT_BELOW  # too wide to split its input (the head): its own tiles
+    block_n = TILES.wide_block_n if wide else TILES.block_n
     tiles = (triton.cdiv(R, TILES.block_m), triton.cdiv(N, block_n))
+    splits, chunk = input_splits(K, triton.cdiv(N, TILES.block_n))
     if splits > 1:  # each split's partial sums, and a count per tile of the splits done
         partial = torch.empty(splits, R, 2 * N if gated else N, dtype=torch.float32, device=x.device)
         done = split_counters(weight, tiles[0] * tiles[1])
