@@ -1,14 +1,14 @@
 """SpecLens: watch a target LLM generate with an EAGLE or EAGLE-3 drafter.
 
     python app.py                       # the embedded default (SmolLM2-135M-Instruct), GPU if there is one
-    python app.py --preset "Qwen3-8B"   # another preset of demo/presets.py
+    python app.py --preset "Qwen3-8B"   # another preset of demo/models/presets.py
     python app.py --target DIR --eagle3-drafter DIR
-    python app.py --public              # as on a Space: presets only, per-visitor limits (demo/hosting.py)
+    python app.py --public              # as on a Space: presets only, per-visitor limits (demo/service/hosting.py)
 
 Public when SPACE_ID is set (a Hugging Face Space), local otherwise; --public / --local choose.
-Honours GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, and the SPECLENS_* variables of demo/settings.py
+Honours GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, and the SPECLENS_* variables of demo/service/settings.py
 (a Space's settings: preset, what the page offers first, queue size). Launch and wiring only: the UI
-is demo/views.py, the models and requests demo/session.py, the hosting limits demo/hosting.py.
+is demo/views.py, the models and requests demo/service/session.py, the hosting limits demo/service/hosting.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default=None, help="a preset name of demo/presets.py (default: the embedded one)")
+    p.add_argument("--preset", default=None, help="a preset name of demo/models/presets.py (default: the embedded one)")
     p.add_argument("--target", default=None, help="target: 'default', a local directory or a hub id (overrides the preset's)")
     p.add_argument("--eagle-drafter", default=None, help="EAGLE drafter: a local directory or a hub id")
     p.add_argument("--eagle3-drafter", default=None, help="EAGLE-3 drafter: a local directory or a hub id")
@@ -37,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_session(args: argparse.Namespace):
-    from demo.session import Session, preset_choice
+    from demo.service.session import Session, preset_choice
 
     choice = preset_choice(args.preset)
     if args.target:
@@ -56,9 +56,9 @@ def build_session(args: argparse.Namespace):
 def main(argv=None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
-    from demo import zerogpu
-    from demo.loading import LoadError
-    from demo.settings import AppSettings
+    from demo.service import zerogpu
+    from demo.models.loading import LoadError
+    from demo.service.settings import AppSettings
 
     try:
         settings = AppSettings.from_env()
@@ -72,7 +72,7 @@ def main(argv=None) -> None:
     elif not args.no_warmup:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
-    from demo.hosting import Hosting
+    from demo.service.hosting import Hosting
     from demo.views import CSS_PATH, build_demo
 
     hosting = Hosting.choose(args.public)

@@ -36,7 +36,7 @@ from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES,
 from demo.metrics import AcceptanceStats
 from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
-from demo.topk import row_topk
+from demo.kernels.topk import row_topk
 from demo.tree import (TREE_SCRATCH, DraftShape, DraftTree, TreeShape, compact_path, draft_tree,
                        tree_attention_mask, tree_seen_slots)
 from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q
@@ -73,8 +73,8 @@ def target_only_width(shape: DraftShape, dtype: torch.dtype, rows_alike: bool = 
     verification round differently and flip greedy near-ties (1 prompt in 20 identical on the H200
     in bf16). At the same width a chain's every token is computed as target-only computes it. A
     tree's are not quite: a node attends to its ancestors at scattered slots, so its sums run in
-    another order. With demo.fused's kernels (a GPU's default) every width rounds a row alike and
-    every decoding row attends in slot order (demo.attend): there the 1-row run is the reference,
+    another order. With demo.kernels.fused's kernels (a GPU's default) every width rounds a row alike and
+    every decoding row attends in slot order (demo.kernels.attend): there the 1-row run is the reference,
     chains and trees."""
     return 1 if dtype == torch.float32 or rows_alike else shape.width
 

@@ -1,7 +1,7 @@
 """Functional Llama-family pieces shared by the target forward and the drafters.
 
 Plain eager PyTorch over weights owned elsewhere (transformers' modules or a drafter's nn.Linear),
-attention through demo.attend (Triton kernels on a GPU when demo.kernels asks): no graphs, no compilation, no hidden
+attention through demo.kernels.attend (Triton kernels on a GPU when demo.kernels.runtime asks): no graphs, no compilation, no hidden
 allocation beyond what each op returns. Shapes use
 B = batch, q = query tokens, S = cache slots, H = hidden, nh / nkv = heads, hd = head dim.
 """
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from demo.attend import attend
+from demo.kernels.attend import attend
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

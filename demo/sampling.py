@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from demo.topk import row_topk
+from demo.kernels.topk import row_topk
 
 
 @dataclass(frozen=True)

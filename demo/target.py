@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from demo.attend import ORDERED_ROWS, attend, causal_seen_slots, orders_slots, seen_slots
-from demo.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
+from demo.kernels.attend import ORDERED_ROWS, attend, causal_seen_slots, orders_slots, seen_slots
+from demo.kernels.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
 from demo.kv_cache import KVCache
 from demo.layers import (attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked,
                          swiglu_mlp)
@@ -109,8 +109,8 @@ class Target:
 
     def rows_alike(self) -> bool:
         """Whether a decoding row's logits are the same at any forward width, bit for bit: every layer
-        and the head run demo.fused's kernels (the default on a GPU) and attention takes the rows in
-        slot order (demo.attend). Then 1-row target-only decoding is the exact reference of any
+        and the head run demo.kernels.fused's kernels (the default on a GPU) and attention takes the rows in
+        slot order (demo.kernels.attend). Then 1-row target-only decoding is the exact reference of any
         verification, a chain's or a tree's (demo.engine.target_only_width)."""
         x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
         return (fused_runs(x, self.act) and all(self._fuse_layer(layer) for layer in self.layers)
@@ -118,7 +118,7 @@ class Target:
 
     def ordered_masks(self, rows: int) -> bool:
         """Whether a forward of `rows` query rows attends through a mask in slot order
-        (demo.attend.seen_slots): the Triton attention runs, its rows' heads fit one program, and
+        (demo.kernels.attend.seen_slots): the Triton attention runs, its rows' heads fit one program, and
         the forward is a decoding step's (at most ORDERED_ROWS rows). A tree's step builds its mask
         so (demo.engine), and forward orders a boolean one itself."""
         x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
@@ -162,14 +162,14 @@ class Target:
 
     @staticmethod
     def _fuse_layer(layer) -> bool:
-        """Whether a layer's weights fit demo.fused's kernels (stackable, no o_proj/down bias)."""
+        """Whether a layer's weights fit demo.kernels.fused's kernels (stackable, no o_proj/down bias)."""
         att, mlp = layer.self_attn, layer.mlp
         return (stacked(att.q_proj, att.k_proj, att.v_proj).weight is not None
                 and stacked(mlp.gate_proj, mlp.up_proj).weight is not None
                 and getattr(att.o_proj, "bias", None) is None and getattr(mlp.down_proj, "bias", None) is None)
 
     def _fused_layer(self, x, layer, cos, sin, k_cache, v_cache, slots, mask) -> torch.Tensor:
-        """One decoder layer through demo.fused: norm + q/k/v + RoPE + the cache write (RoPE and the
+        """One decoder layer through demo.kernels.fused: norm + q/k/v + RoPE + the cache write (RoPE and the
         write apart for heads rope_fits refuses), attention, o_proj + residual, norm + gate/up + silu,
         down + residual. x [B, q, H] -> [B, q, H]."""
         c, att, mlp = self.config, layer.self_attn, layer.mlp
@@ -195,7 +195,7 @@ class Target:
         """Run tokens at positions through the decoder, writing their K/V into the cache at `slots`
         (default: the positions) and attending as `mask` allows (default: causal over the slots; a
         draft tree passes its own, demo/tree.py). The Triton attention takes a decoding step's masks
-        (up to ORDERED_ROWS rows) in slot order, demo.attend.seen_slots, so that a tree's nodes, a
+        (up to ORDERED_ROWS rows) in slot order, demo.kernels.attend.seen_slots, so that a tree's nodes, a
         chain's rows and a 1-row step all run its one kernel. `aux_layers` names the residual
         streams to return (id i: the stream entering layer i), in that order. Logits are computed at
         every row, the last only (`last_logits_only`), or the rows `logits_rows` ([R] int64) names. `attend`: attend over
@@ -219,7 +219,7 @@ class Target:
             if in_order and mask.dtype == torch.bool:  # a tree's nodes sum their ancestors as target-only sums the path
                 mask = seen_slots(mask)  # int32 [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
-        fused = fused_runs(x, self.act)  # demo.fused's kernels (demo.kernels "fused", on a GPU)
+        fused = fused_runs(x, self.act)  # demo.kernels.fused's kernels (demo.kernels.runtime "fused", on a GPU)
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 streams[i] = x

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from demo.topk import row_topk
+from demo.kernels.topk import row_topk
 
 # Drafter cache slots reserved past the context for frontier nodes ((depth - 1) * topk of them).
 TREE_SCRATCH = 512
@@ -294,7 +294,7 @@ def tree_attention_mask(parents: torch.Tensor, depth: int, root_slot: torch.Tens
 
 def tree_seen_slots(parents: torch.Tensor, depths: torch.Tensor, depth: int, root_slot: torch.Tensor,
                     num_slots: int) -> torch.Tensor:
-    """``demo.attend.seen_slots(tree_attention_mask(...))`` without the mask: each node's seen slots
+    """``demo.kernels.attend.seen_slots(tree_attention_mask(...))`` without the mask: each node's seen slots
     in order are the slots before the root, then its ancestors-or-self at root_slot + their node id,
     by depth (node ids grow with depth), then -1. Gathers and comparisons only (no cumulative sum or
     scatter): compiled, one kernel. parents, depths: [N+1] int64; root_slot: [] int64 -> [1, 1, N+1, S]

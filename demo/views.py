@@ -1,7 +1,7 @@
 """The Gradio UI: layout builders that return components, then one block that registers listeners.
 
-Handlers only translate between components and demo/session.py (which owns models, engines and
-request checks); figures come from demo/figures.py and HTML from demo/render.py; demo/hosting.py
+Handlers only translate between components and demo/service/session.py (which owns models, engines and
+request checks); figures come from demo/ui/figures.py and HTML from demo/ui/html/render.py; demo/service/hosting.py
 says what a public app leaves out and limits.
 
 Each visitor's preset lives in their own gr.State (``Controls.model``) and picks the entry of the
@@ -20,27 +20,27 @@ from typing import Iterator
 
 import gradio as gr
 
-from demo import zerogpu
-from demo.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
-from demo.chat import ChatState, RunTrace
-from demo import downloads
-from demo.engine_thread import engine_thread_idle, on_engine_thread
-from demo.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
+from demo.service import zerogpu
+from demo.ui.bench_tab import BenchControls, build_bench_tab, register_bench_listeners
+from demo.service.chat import ChatState, RunTrace
+from demo.service import downloads
+from demo.service.engine_thread import engine_thread_idle, on_engine_thread
+from demo.ui.figures import (CHART_DEFINITIONS, acceptance_figure, acceptance_length_figure, latency_figure,
                           throughput_figure, tree_figure)
-from demo.headline import baseline_key, record_baseline, render_headline
-from demo.inspector import rejected_texts, render_inspector, shown_ids
+from demo.ui.html.headline import baseline_key, record_baseline, render_headline
+from demo.ui.html.inspector import rejected_texts, render_inspector, shown_ids
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.metrics import DEFINITIONS, AcceptanceStats
-from demo.render import escape, render_chat, render_comparison, render_legend, render_stats
-from demo.render_race import render_race, render_race_hint
-from demo.hosting import Hosting
-from demo.presets import PRESETS
-from demo.replay import PACES, REAL_TIME, chat_at, play, race_frames, race_scale, replay_frames, step_at
+from demo.ui.html.render import escape, render_chat, render_comparison, render_legend, render_stats
+from demo.ui.html.race import render_race, render_race_hint
+from demo.service.hosting import Hosting
+from demo.models.presets import PRESETS
+from demo.ui.replay import PACES, REAL_TIME, chat_at, play, race_frames, race_scale, replay_frames, step_at
 from demo.tree import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, TreeShape, default_tree
-from demo.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
+from demo.service.session import (DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RANDOM_INIT, ModelCache, ModelChoice, Request,
                           RequestError, Session, panel_stats, preset_names)
-from demo.settings import AppSettings
-from demo.trace_download import build_trace_download, register_trace_download
+from demo.service.settings import AppSettings
+from demo.ui.trace_download import build_trace_download, register_trace_download
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -134,8 +134,8 @@ class Controls:
     eagle_spec: gr.Textbox | None = None
     eagle3_spec: gr.Textbox | None = None
     load: gr.Button | None = None
-    trace_download: gr.DownloadButton | None = None  # the latest run's trace (demo/trace_download.py)
-    bench: BenchControls | None = None  # the Benchmark tab (demo/bench_tab.py)
+    trace_download: gr.DownloadButton | None = None  # the latest run's trace (demo/ui/trace_download.py)
+    bench: BenchControls | None = None  # the Benchmark tab (demo/ui/bench_tab.py)
 
     @property
     def settings(self) -> set:
@@ -204,7 +204,7 @@ def conversation_html(session: Session, chat: ChatState) -> str:
 
 
 def inspector_html(session: Session, trace: RunTrace | None, step: int | None) -> str:
-    """Step `step` of the run taken apart (demo/inspector.py), its tokens' texts from the tokenizer."""
+    """Step `step` of the run taken apart (demo/ui/html/inspector.py), its tokens' texts from the tokenizer."""
     record = trace.steps[step] if trace and step is not None and 0 <= step < len(trace.steps) else None
     ids = shown_ids(record) if record else []
     return render_inspector(trace, step, dict(zip(ids, session.token_texts(ids))) if ids else {})
@@ -359,7 +359,7 @@ def build_chart_tabs() -> dict:
 
 
 def build_layout(session: Session, hosting: Hosting, defaults: AppSettings = AppSettings()) -> Controls:
-    """Two tabs: the chat page, and the Benchmark tab (demo/bench_tab.py)."""
+    """Two tabs: the chat page, and the Benchmark tab (demo/ui/bench_tab.py)."""
     with gr.Tabs(elem_id="sl-tabs"):
         with gr.Tab("Chat", id="chat", elem_id="sl-tab-chat"):
             controls = build_chat_page(session, hosting, defaults)
@@ -715,9 +715,9 @@ def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache
                defaults: AppSettings = AppSettings()) -> gr.Blocks:
     """The app on `session`'s models (the default every visitor starts with); other presets load
     into `cache` (by default one made for `session`) when a visitor chooses them. `defaults`: what the
-    page offers first (demo/settings.py, from SPECLENS_* variables)."""
+    page offers first (demo/service/settings.py, from SPECLENS_* variables)."""
     cache = cache or ModelCache.for_session(session)
-    # Gradio's copies of the files it serves (traces, CSVs) are deleted once as old as ours (demo/downloads.py)
+    # Gradio's copies of the files it serves (traces, CSVs) are deleted once as old as ours (demo/service/downloads.py)
     with gr.Blocks(title="SpecLens: watch speculative decoding", fill_width=True,
                    delete_cache=(downloads.KEEP_S, downloads.KEEP_S)) as demo:
         controls = build_layout(session, hosting, defaults)

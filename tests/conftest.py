@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def default_target():
     """The embedded SmolLM2-135M-Instruct (hf_model, tokenizer), fp32 on CPU, loaded once."""
-    from demo.loading import load_target
+    from demo.models.loading import load_target
 
     return load_target("default", device="cpu", dtype="float32")
 
@@ -27,7 +27,7 @@ def default_target():
 @pytest.fixture(scope="session")
 def app_url():
     """`python app.py` (the embedded default) on a free port, one for every browser test of the session."""
-    from tests.browser import ARTIFACTS, start_app, stop_app
+    from tests.browser.driver import ARTIFACTS, start_app, stop_app
 
     ARTIFACTS.mkdir(exist_ok=True)
     proc, url = start_app(ARTIFACTS / "browser_app.log")
@@ -38,7 +38,7 @@ def app_url():
 @pytest.fixture
 def driver(request):
     """A fresh headless chromium; on failure its screenshot is kept under artifacts/."""
-    from tests.browser import ARTIFACTS, close_browser, open_browser
+    from tests.browser.driver import ARTIFACTS, close_browser, open_browser
 
     d = open_browser()
     failed = request.session.testsfailed

@@ -207,8 +207,8 @@ def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_g
 
 def test_row_topk_is_torch_topk_and_its_log_probs_log_softmax_on_a_gpu_eager_compiled_and_captured():
     from demo.engine import compile_step
-    from demo.timing import capture_alone
-    from demo.topk import row_topk
+    from demo.bench.timing import capture_alone
+    from demo.kernels.topk import row_topk
     x = torch.randn(65, 49152 + 77, device="cuda")
     x[3] = 1.0  # all equal: the lowest columns first
     rows = [r for r in range(65) if r != 3]
@@ -239,7 +239,7 @@ def test_row_topk_is_torch_topk_and_its_log_probs_log_softmax_on_a_gpu_eager_com
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
 def test_a_vocabulary_wider_than_a_topk_slice_keeps_graph_mode_and_compile_lossless(tree):
-    # 5,000 tokens: the tree's children and every step's top candidates take demo.topk's Triton passes
+    # 5,000 tokens: the tree's children and every step's top candidates take demo.kernels.topk's Triton passes
     hf = tiny_hf("llama", vocab_size=5000).to("cuda")
     target = Target(hf)
     ref = _tokens(Engine(target, None, max_context=128), PROMPT, max_new_tokens=32, stop_token_ids=())
@@ -267,8 +267,8 @@ def _attention_inputs(M, S, dtype, tree, seed=0):
 
 @pytest.fixture
 def restore_kernels():
-    """Puts demo.kernels back to its default after a test that picks other kernels."""
-    from demo.kernels import DEFAULT_KERNELS, set_kernels
+    """Puts demo.kernels.runtime back to its default after a test that picks other kernels."""
+    from demo.kernels.runtime import DEFAULT_KERNELS, set_kernels
     yield set_kernels
     set_kernels(DEFAULT_KERNELS)
 
@@ -282,9 +282,9 @@ def attention_kernels(restore_kernels):
 def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtype, attention_kernels):
     import torch.nn.functional as F
 
-    from demo.attend import attend, triton_runs
+    from demo.kernels.attend import attend, triton_runs
     from demo.engine import compile_step
-    from demo.timing import capture_alone
+    from demo.bench.timing import capture_alone
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for M, S, tree in ((1, 512, False), (8, 512, False), (8, 520, True), (97, 1024, True), (8, 2048, False),
                        (200, 512, False)):
@@ -303,7 +303,7 @@ def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtyp
 def test_triton_attention_computes_each_row_alone_on_a_gpu(attention_kernels):
     # a row's output is bitwise the same whatever rows run beside it (1, 8 or 97): its arithmetic
     # never depends on the forward's width, as exact decoding across widths needs
-    from demo.attend import attend
+    from demo.kernels.attend import attend
     q, k, v, mask = _attention_inputs(97, 1024, torch.bfloat16, tree=True, seed=3)
     together = attend(q, k, v, mask)
     for rows in (slice(0, 1), slice(5, 13), slice(96, 97)):
@@ -328,7 +328,7 @@ def fused_kernels(restore_kernels):
     restore_kernels("fused")
 
 
-HEADS_OF_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # RoPE in the q/k/v kernel (demo.fused.rope_fits)
+HEADS_OF_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # RoPE in the q/k/v kernel (demo.kernels.fused.rope_fits)
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-heads-of-32", "qwen2", "qwen3"])
@@ -409,10 +409,10 @@ def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on
                                                                                       fused_kernels):
     # every row of the target computed alike whatever the forward's width: the 8-row verification
     # and the 1-row step agree bit for bit, so no padded reference is needed; a tree's nodes attend
-    # to their ancestors in slot order (demo.attend.seen_slots), as target-only attends to the path;
+    # to their ancestors in slot order (demo.kernels.attend.seen_slots), as target-only attends to the path;
     # whatever the tiles (heads of 64 split between two programs each, 64-row tiles, the input split
     # in 16-column steps, one a program)
-    from demo import fused
+    from demo.kernels import fused
 
     fused.set_tiles(fused.Tiles.parse(tiles))
     try:
@@ -460,7 +460,7 @@ def _random_tree(n: int, seed: int) -> torch.Tensor:
 def test_a_bf16_tree_verification_gives_each_node_the_logits_of_one_row_steps_along_its_path(context, fused_kernels):
     # the whole target forward, at the default target's shape (random weights): a tree's nodes, their
     # ancestors scattered over the tree's slots, against 1-row forwards along each node's path
-    from demo.perf_forward import random_target
+    from demo.bench.perf_forward import random_target
     from demo.tree import ancestors, tree_attention_mask
 
     target = random_target("smollm2-135m", "cuda", torch.bfloat16, 1024)

@@ -1,5 +1,16 @@
-"""The product's boundaries: `demo/` (what a Space runs) never loads the training pipeline, and the
-modules of both packages import each other without a circle."""
+"""The product's boundaries, read from the source (README "Layout" says why the cut is where it is):
+
+- the modules of `demo/` fall in audiences: the engine core (flat in `demo/`), its kernels, the
+  models it loads, the service the page and the API call, the measurement, and the UI; each imports
+  only from the audiences below it, so the engine core and its kernels import nothing of the
+  service, the UI or the measurement, and nothing imports the UI but the UI;
+- no module imports both Gradio or plotly and torch or Triton at module level, and the UI imports
+  no torch at all at module level;
+- `training/` imports the product, never the reverse, and no two modules import each other in a circle;
+- the design card's files are real modules doing their jobs; the commands keep their names;
+- no function of the product is longer than MAX_FUNCTION_LINES, and no process-wide switch is set
+  from outside its module (a `global` statement).
+"""
 
 from __future__ import annotations
 
@@ -8,32 +19,136 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "demo"
 PACKAGES = ("demo", "training")
+# the commands users run, each a module of a few lines that calls its package's main
+COMMANDS = {"demo.perf": "demo.bench.perf", "demo.compare": "demo.bench.compare",
+            "demo.export_drafter": "demo.models.export_drafter"}
+# audience -> the audiences it may import (itself included)
+MAY_IMPORT = {
+    "kernels": {"kernels"},
+    "core": {"core", "kernels"},
+    "models": {"models", "core", "kernels"},
+    "service": {"service", "models", "core", "kernels"},
+    "bench": {"bench", "service", "models", "core", "kernels"},
+    "ui": {"ui", "bench", "service", "models", "core"},
+    "command": {"bench", "models"},
+}
+GUI = ("gradio", "plotly")
+TENSORS = ("torch", "triton")
+MAX_FUNCTION_LINES = 120
 
 
-def demo_modules() -> list[str]:
-    return sorted(f"demo.{p.stem}" for p in DEMO.glob("*.py") if p.stem != "__init__")
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every demo.* and training.* module a file imports, at module level or inside functions."""
+def product_files() -> list[Path]:
+    return sorted(p for p in DEMO.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def audience(module: str) -> str:
+    """The audience of a demo module: its sub-package, or for a module flat in demo/, the core
+    (views.py, the UI's entry, and the commands apart)."""
+    parts = module.split(".")
+    if module in COMMANDS:
+        return "command"
+    if module == "demo.views":
+        return "ui"
+    if len(parts) > 2 or (len(parts) == 2 and (DEMO / parts[1]).is_dir()):
+        return parts[1]
+    return "core"
+
+
+def imports_of(path: Path, top_level_only: bool = False) -> set[str]:
+    """Every module a file imports (at module level only, or inside functions too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module in PACKAGES:
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            if node.module in PACKAGES or node.module.startswith("demo."):
                 found |= {f"{node.module}.{a.name}" for a in node.names}
-            elif node.module.split(".")[0] in PACKAGES:
-                found.add(node.module)
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES and "." in a.name}
+            found |= {a.name for a in node.names}
+        elif top_level_only and isinstance(node, (ast.If, ast.Try)):  # `if HAVE_TRITON: import triton`
+            found |= {n for child in ast.walk(node) if isinstance(child, ast.Import) for n in
+                      (a.name for a in child.names)}
     return found
 
 
+def project_imports(path: Path) -> set[str]:
+    """The demo.* and training.* modules (not packages' faces) a file imports."""
+    known = {module_name(p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {m for m in imports_of(path) if m in known and m.split(".")[0] in PACKAGES} - set(PACKAGES)
+
+
+def test_the_design_cards_files_are_real_modules_doing_their_jobs():
+    jobs = {"app.py": {"main", "parse_args"}, "demo/engine.py": {"Engine", "GenerationConfig"},
+            "demo/drafter_eagle3.py": {"Eagle3Drafter"}, "demo/views.py": {"build_demo", "register_listeners"}}
+    for path, names in jobs.items():
+        defined = {n.name for n in ast.parse((ROOT / path).read_text()).body
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {a.asname or a.name for n in ast.parse((ROOT / path).read_text()).body
+                    if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert names <= defined, (path, names - defined)
+    for path in ("assets", "requirements.txt"):
+        assert (ROOT / path).exists()
+
+
+def test_every_module_imports_only_from_the_audiences_below_it():
+    wrong = []
+    for path in product_files():
+        module = module_name(path)
+        mine = audience(module)
+        for dep in project_imports(path):
+            if dep.startswith("training"):
+                continue  # test_no_demo_source_names_the_training_package says why not
+            if audience(dep) not in MAY_IMPORT[mine] and dep not in COMMANDS.values():
+                wrong.append(f"{module} ({mine}) imports {dep} ({audience(dep)})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_each_audience_is_the_one_the_layout_names():
+    found = {audience(module_name(p)) for p in product_files() if p.name != "__init__.py"}
+    assert found == set(MAY_IMPORT)
+    assert audience("demo.engine") == "core" and audience("demo.kernels.fused") == "kernels"
+    assert audience("demo.views") == "ui" and audience("demo.ui.html.render") == "ui"
+
+
+def test_no_module_imports_both_a_gui_library_and_torch_at_module_level():
+    both = []
+    for path in [*product_files(), ROOT / "app.py"]:
+        top = {m.split(".")[0] for m in imports_of(path, top_level_only=True)}
+        if top & set(GUI) and top & set(TENSORS):
+            both.append(str(path.relative_to(ROOT)))
+    assert not both
+
+
+def test_the_ui_imports_no_torch_at_module_level():
+    for path in product_files():
+        if audience(module_name(path)) == "ui":
+            top = {m.split(".")[0] for m in imports_of(path, top_level_only=True)}
+            assert not top & set(TENSORS), path
+
+
+def test_each_command_only_calls_its_packages_main():
+    for command, implementation in COMMANDS.items():
+        path = ROOT / (command.replace(".", "/") + ".py")
+        assert project_imports(path) == {implementation}, command
+        assert len(path.read_text().splitlines()) < 12, command
+    assert (DEMO / "bench" / "__main__.py").is_file()  # python -m demo.bench
+
+
 def test_importing_every_demo_module_loads_no_training_module():
+    modules = [module_name(p) for p in product_files() if p.name != "__main__.py"]
     code = ("import importlib, sys\n"
-            f"for m in {demo_modules()!r}: importlib.import_module(m)\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m == 'training' or m.startswith('training.')))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -41,12 +156,9 @@ def test_importing_every_demo_module_loads_no_training_module():
 
 
 def test_no_demo_source_names_the_training_package():
-    for path in DEMO.glob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            assert not any(n == "training" or n.startswith("training.") for n in names), path
+    for path in product_files():
+        names = imports_of(path)
+        assert not any(n == "training" or n.startswith("training.") for n in names), path
 
 
 def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -74,15 +186,45 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_demo_and_training_modules_import_each_other_without_a_circle():
-    graph = {f"{pkg}.{p.stem}": imports_of(p) for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")}
+    graph = {module_name(p): project_imports(p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     assert len(graph) > 30
     circle = find_circle(graph)
     assert circle is None, "import circle: " + " -> ".join(circle)
 
 
-def test_the_circle_finder_finds_a_planted_circle(tmp_path):
-    (tmp_path / "a.py").write_text("from demo.b import x\n")
-    (tmp_path / "b.py").write_text("def f():\n    from demo import a\n")
-    graph = {"demo.a": imports_of(tmp_path / "a.py"), "demo.b": imports_of(tmp_path / "b.py"), "demo.c": {"demo.a"}}
+def test_the_circle_finder_finds_a_planted_circle():
+    graph = {"demo.a": {"demo.b"}, "demo.b": {"demo.a"}, "demo.c": {"demo.a"}}
     assert find_circle(graph) == ["demo.a", "demo.b", "demo.a"]
     assert find_circle({"demo.a": {"demo.b"}, "demo.b": set()}) is None
+
+
+def test_the_audience_rule_catches_a_planted_upward_import(tmp_path, monkeypatch):
+    planted = DEMO / "planted_for_the_layout_test.py"
+    monkeypatch.setattr(sys.modules[__name__], "product_files", lambda: [planted])
+    planted.write_text("from demo.ui.html.render import escape\n")
+    try:
+        with pytest.raises(AssertionError, match="planted_for_the_layout_test .core. imports demo.ui.html.render"):
+            test_every_module_imports_only_from_the_audiences_below_it()
+    finally:
+        planted.unlink()
+
+
+def functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def test_no_function_of_the_product_is_longer_than_the_limit():
+    long = [f"{p.relative_to(ROOT)}:{f.name} ({f.end_lineno - f.lineno + 1} lines)"
+            for p in [*product_files(), ROOT / "app.py"] for f in functions(p)
+            if f.end_lineno - f.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+def test_no_product_module_rebinds_a_process_wide_switch():
+    """A `global` statement is a switch some caller flips for everyone (a bench knob in the product
+    path); settings are passed as values instead."""
+    flips = [f"{p.relative_to(ROOT)}:{f.name}" for p in product_files() for f in functions(p)
+             if any(isinstance(n, ast.Global) for n in ast.walk(f))]
+    assert not flips, flips

@@ -14,7 +14,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from demo.session import Models, Session
+from demo.service.session import Models, Session
 from demo.target import Target
 from tests.tiny import tiny_drafter, tiny_target
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from demo.checkpoints import HOT_TOKENS_FILE, DrafterLoadError, read_checkpoint, write_weights
+from demo.models.checkpoints import HOT_TOKENS_FILE, DrafterLoadError, read_checkpoint, write_weights
 
 LOG_FILE = "average_log.json"
 TRAIN_LOG = "train_log.json"

@@ -183,8 +183,8 @@ def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
-    """A single user turn formatted as the engine's prompts are (demo.prompts.chat_ids)."""
-    from demo.prompts import chat_ids
+    """A single user turn formatted as the engine's prompts are (demo.models.prompts.chat_ids)."""
+    from demo.models.prompts import chat_ids
 
     return chat_ids(tokenizer, [{"role": "user", "content": text}])
 
@@ -615,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                           "holdout_records": len(split.holdout), "validation_prompts": len(split.validation_prompts()),
                           "fingerprint": split.fingerprint()}, indent=2))
         return 0
-    from demo.loading import load_target
+    from demo.models.loading import load_target
     from demo.target import Target
 
     start = time.perf_counter()
@@ -656,7 +656,7 @@ def load_training_data(spec: str, tokenizer, max_len: int, progress: bool = True
     """Sequences of every comma-separated source, cut to max_len, each with >= 2 answer tokens.
     Answers to the hold-out prompts (a regen of them records split "holdout") are refused unless
     holdout_ok: they are for measuring (training.walk_eval, --eval-data), never for training."""
-    from demo.loading import cache_dir
+    from demo.models.loading import cache_dir
 
     sets, metas = [], []
     for part in spec.split(","):

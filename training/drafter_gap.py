@@ -16,9 +16,9 @@ import argparse
 import numpy as np
 import torch
 
-from demo.checkpoints import load_drafter
+from demo.models.checkpoints import load_drafter
 from demo.engine import Engine, GenerationConfig
-from demo.loading import load_target
+from demo.models.loading import load_target
 from demo.metrics import AcceptanceStats
 from demo.target import Target
 from training.data import load_shards

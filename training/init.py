@@ -19,7 +19,7 @@ from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
 from training.data import DraftVocab, build_draft_vocab
 
-MAX_SHARD_BYTES = 9_500_000  # demo.checkpoints.save_drafter's default: a Space takes files < 10 MB without LFS
+MAX_SHARD_BYTES = 9_500_000  # demo.models.checkpoints.save_drafter's default: a Space takes files < 10 MB without LFS
 MLP_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")  # [I, H]: one row per MLP unit
 MLP_COLUMNS = ("mlp.down_proj.weight",)  # [H, I]: one column per MLP unit
 
@@ -77,7 +77,7 @@ def start_drafter(args, target, answer: np.ndarray, state: dict | None) -> tuple
     if state is not None:
         layout = checkpoint_layout(state, args)
     elif args.init_drafter:
-        from demo.checkpoints import load_drafter
+        from demo.models.checkpoints import load_drafter
 
         init = load_drafter(args.init_drafter, target, method=args.method, hot_tokens="off")
         layout = saved_drafter_layout(init, args)

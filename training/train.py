@@ -4,7 +4,7 @@ and distributions for every batch (no feature dump), the drafter learns from the
     python -m training.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 8
     python -m training.train --method eagle3 --data regen:artifacts/regen --out artifacts/eagle3 --time-budget-min 10 --resume
 
-The run saves the drafter with ``demo.checkpoints.save_drafter`` in OUT (config.json + safetensors
+The run saves the drafter with ``demo.models.checkpoints.save_drafter`` in OUT (config.json + safetensors
 shards, loadable by ``load_drafter``, vLLM and SGLang), ``OUT/train_log.json`` (time per stage,
 throughput, metrics) and a resumable ``OUT/checkpoint/train_state.pt`` (drafter, optimiser, step,
 data position, RNG), written every --save-every-min minutes and at the end.
@@ -232,7 +232,7 @@ class Run:
 def setup(args, times: dict, dist: Dist | None = None) -> tuple[Run, dict]:
     """Load the target and the data, start the drafter (training/init.py) and its optimiser, and
     restore the checkpoint with --resume. Returns the run and what the log records of the data."""
-    from demo.loading import load_target
+    from demo.models.loading import load_target
     from demo.target import Target
 
     dist = dist or Dist()
@@ -508,7 +508,7 @@ def _main(args, dist: Dist) -> dict:
     t = time.perf_counter()
     if dist.is_main:
         save_state(out / STATE_FILE, run)
-        from demo.checkpoints import save_drafter, write_hot_tokens
+        from demo.models.checkpoints import save_drafter, write_hot_tokens
 
         save_drafter(unshared_copy(run.drafter, getattr(torch, args.save_dtype)), out)
         if run.hot is not None:

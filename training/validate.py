@@ -89,7 +89,7 @@ def holdout_prompt_ids(tokenizer, num: int | None, max_tokens: int, seed: int,
     (the same subsample whether read from ShareGPT or from an exported prompt directory)."""
     import numpy as np
 
-    from demo.prompts import chat_ids
+    from demo.models.prompts import chat_ids
     from training.data import validation_prompts
 
     prompts, fingerprint = validation_prompts(prompts_dir)
@@ -261,9 +261,9 @@ def main(argv=None) -> dict:
     import torch
     from tqdm import tqdm
 
-    from demo.checkpoints import load_drafter
+    from demo.models.checkpoints import load_drafter
     from demo.engine import Engine
-    from demo.loading import load_target
+    from demo.models.loading import load_target
     from demo.target import Target
 
     t0 = time.perf_counter()

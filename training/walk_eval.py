@@ -106,8 +106,8 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    from demo.checkpoints import load_drafter
-    from demo.loading import load_target
+    from demo.models.checkpoints import load_drafter
+    from demo.models.loading import load_target
     from demo.target import Target
     from training.data import load_training_data
 

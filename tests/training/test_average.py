@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.average import average_drafters, main
-from demo.checkpoints import DrafterLoadError, load_drafter, read_checkpoint, save_drafter, write_hot_tokens
+from demo.models.checkpoints import DrafterLoadError, load_drafter, read_checkpoint, save_drafter, write_hot_tokens
 from tests.tiny import tiny_drafter, tiny_target
 
 

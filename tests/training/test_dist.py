@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from demo.checkpoints import load_drafter
+from demo.models.checkpoints import load_drafter
 from demo.target import Target
 from training.data import length_batches, load_shards
 from tests.training.helpers import tiny_hf, tiny_run_inputs

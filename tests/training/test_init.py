@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
-from demo.checkpoints import load_drafter
+from demo.models.checkpoints import load_drafter
 from demo.engine import Engine, GenerationConfig
 from demo.target import Target
 from tests.training.helpers import VOCAB, tiny_run_inputs, train_cli

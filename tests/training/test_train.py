@@ -54,7 +54,7 @@ def test_training_refuses_held_out_records_and_mixed_splits_and_keeps_the_record
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-own-lm-head"])
 def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
-    from demo.checkpoints import load_drafter
+    from demo.models.checkpoints import load_drafter
 
     target_dir, data_dir = tiny_run_inputs(tmp_path)
     own = method == "eagle3-own-lm-head"
@@ -136,7 +136,7 @@ def test_time_budget_stops_training_cleanly(tmp_path):
 @cuda
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "eagle3-own-lm-head"])
 def test_cuda_training_run_in_bf16(tmp_path, method):
-    from demo.checkpoints import load_drafter
+    from demo.models.checkpoints import load_drafter
 
     target_dir, data_dir = tiny_run_inputs(tmp_path)
     own = method == "eagle3-own-lm-head"

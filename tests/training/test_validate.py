@@ -49,7 +49,7 @@ def test_validation_runs_and_tabulates():
 
 
 def test_prompt_shards_of_a_validation_add_up_to_the_whole_run_count_for_count(tmp_path):
-    from demo.checkpoints import save_drafter
+    from demo.models.checkpoints import save_drafter
     from training.validate import main as validate
 
     target_dir, _ = tiny_run_inputs(tmp_path)

@@ -1,0 +1,1 @@
+"""Measurement: the bench CLI, the Benchmark tab's plans, perf and compare."""

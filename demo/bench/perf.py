@@ -1,0 +1,329 @@
+"""Speed side by side, and where a decoding step's time goes.
+
+    python -m demo.perf table --prompts assets/prompts/categories.jsonl --num-prompts 20 [--drafters eagle3]
+    python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph
+    python -m demo.perf forward --shape llama-3.1-8b --widths 8 --kernels torch,fused --floor
+
+``table``: one process, one loaded target, the same prompts (first turns, greedy): transformers'
+``generate()`` (dynamic cache; on a GPU also a static cache, with which ``generate()`` compiles its
+decoding forward itself), then SpecLens target-only and each bundled drafter as a chain and as the
+device's default tree, in every mode the device has (eager; on a GPU cudagraph, the drafter
+compiled, and everything compiled). Each row: tokens/s, tokens per target forward, propose and
+verify ms per step, and its speed over transformers' best and over SpecLens' best target-only.
+
+``forward``: the verification forward alone on random weights of a named shape, per kernels
+choice and width (demo/bench/perf_forward.py).
+
+Without either: one step taken apart.
+
+Runs one short generation (so every buffer holds a real step's state), then calls each phase of a
+step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
+or tree), ``verify`` (the target forward) and ``accept`` (the acceptance test, compaction and the
+packed result), each compiled where the engine's ``--compile`` scope compiles it in graph mode
+(``accept`` as the engine does: compiled only at T = 0; it moves the state on, so where it is
+compiled its warm-up call moves it one step further). For each it reports the kernels
+launched (torch.profiler's device events) and the time: on a GPU the summed kernel time of one
+call and, but for ``accept``, the replay of the phase captured alone (CUDA events, median of
+repeats: kernel time plus the gaps between kernels); on a CPU wall time. In cudagraph mode it also
+times the replay of the whole step's graph and of the prompt's prefill graph. Phases run in step
+order on the state the generation left, so each computes a real step's work; ``accept`` runs last.
+
+The model flags are the bench's (``python -m demo.bench --help``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from demo.engine import compile_step
+from demo.bench.timing import capture_alone, kernel_count, replay_ms
+
+PHASES = ("project", "catch_up", "draft", "verify", "accept")
+
+
+@dataclass
+class PhaseProfile:
+    name: str
+    kernels: int  # device kernels and copies launched (CPU: top-level operators)
+    kernel_ms: float  # their summed device time (CPU: wall time of one call)
+    top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
+    graph_ms: float | None = None  # the phase captured alone, replayed (GPU; not accept, which moves the state on)
+
+
+@dataclass
+class StepProfile:
+    phases: list[PhaseProfile]
+    step_graph_ms: float | None = None  # replay of the whole step's graph (greedy) at its attend bucket, cudagraph mode
+    attend: int = 0  # that bucket: the cache slots the step attends over
+    whole_context_step_ms: float | None = None  # the same step attending over the whole context
+    context: int = 0
+    prefill_graph_ms: float | None = None  # replay of the prompt's prefill graph
+    prompt_tokens: int = 0
+    prefill_rows: int = 0  # the prompt's bucket
+
+
+def phase_functions(engine, b, params, generator=None) -> dict:
+    """The step's phases over the buffers ``b`` (demo.engine.StepBuffers), in step order."""
+    fns = {}
+    attend = engine._attended(_last_slot(b) + 1)  # the cache slots the engine attends over (its bucket, on a GPU)
+    if b.k:
+        fns["project"] = lambda: b.catch_hidden.copy_(engine.drafter.project(b.catch_features))
+        fns["catch_up"] = lambda: engine._catch_up(b, attend)
+        fns["draft"] = ((lambda: engine._draft_tree(b, attend)) if b.tree is not None
+                        else (lambda: engine._chain(b, attend)))
+    verified = []  # the last verification's (logits, features), which the acceptance test reads
+
+    def verify():
+        verified[:] = [engine._verify_forward(b, attend)]
+    fns["verify"] = verify
+    accept = engine._acceptance(b)
+    fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
+    return fns
+
+
+STEP_PHASE = {"project": "propose", "catch_up": "propose", "draft": "propose", "verify": "verify", "accept": "accept"}
+
+
+def compiled_phase(engine, phase: str) -> bool:
+    """Whether the engine runs `phase` (one of PHASES) compiled: only graph mode compiles, its
+    captured steps, within its --compile scope (Engine.compiles)."""
+    return engine.mode == "cudagraph" and engine.compiles(STEP_PHASE[phase])
+
+
+def _last_slot(b) -> int:
+    """The last cache slot the staged verification writes (one host read: profiling only)."""
+    return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
+
+
+def _phase_graph_ms(fn, repeats: int) -> float:
+    """Capture fn alone and time its replay."""
+    return replay_ms(capture_alone(fn), repeats)
+
+
+@torch.inference_mode()
+def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepProfile:
+    """Profile each phase of one decoding step of ``gen``'s shape, after a generation of ``gen``."""
+    for _ in engine.generate(prompt_ids, gen):
+        pass
+    b = engine.prepare(gen.draft_shape(gen.num_spec_tokens if engine.drafter is not None else 0))
+    cuda = engine.device.type == "cuda"
+    generator = None if gen.sampling.greedy else torch.Generator(device=engine.device).manual_seed(gen.seed)
+    phases = []
+    for name, fn in phase_functions(engine, b, gen.sampling, generator).items():
+        if compiled_phase(engine, name) and (name != "accept" or gen.sampling.greedy):
+            fn = compile_step(fn)  # the engine compiles the acceptance test at T = 0 only
+            fn()  # warm: the first call compiles
+        elif name != "accept":
+            fn()  # warm: a first call may pick kernels or allocate
+        kernels, ms, top = kernel_count(fn, cuda)
+        graph_ms = _phase_graph_ms(fn, repeats) if cuda and name != "accept" else None
+        phases.append(PhaseProfile(name, kernels, ms, top, graph_ms))
+    out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
+    if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
+        out.attend = engine._attended(_last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
+        out.context = engine.max_context
+        out.step_graph_ms = replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
+        if out.attend != out.context:
+            out.whole_context_step_ms = replay_ms(b.graphs["step"], repeats)
+    prefill = b.graphs.get(f"prefill{out.prefill_rows}")
+    if prefill is not None:
+        out.prefill_graph_ms = replay_ms(prefill, repeats)
+    return out
+
+
+def format_profile(profile: StepProfile, title: str) -> str:
+    lines = [title, f"{'phase':<10}{'kernels':>9}{'kernel ms':>11}{'graph ms':>10}  costliest kernels (count, ms)"]
+    for p in profile.phases:
+        top = "; ".join(f"{n[:48]} ({c}, {ms:.3f})" for n, c, ms in p.top[:3])
+        graph = f"{p.graph_ms:>10.3f}" if p.graph_ms is not None else f"{'':>10}"
+        lines.append(f"{p.name:<10}{p.kernels:>9}{p.kernel_ms:>11.3f}{graph}  {top}")
+    lines.append(f"{'step':<10}{sum(p.kernels for p in profile.phases):>9}"
+                 f"{sum(p.kernel_ms for p in profile.phases):>11.3f}")
+    if profile.step_graph_ms is not None:
+        lines.append(f"step graph replay: {profile.step_graph_ms:.3f} ms (attending over {profile.attend} slots)"
+                     + (f"; {profile.whole_context_step_ms:.3f} ms over the whole context ({profile.context})"
+                        if profile.whole_context_step_ms is not None else ""))
+    if profile.prefill_graph_ms is not None:
+        lines.append(f"prefill graph replay ({profile.prompt_tokens} prompt tokens, run at {profile.prefill_rows} "
+                     f"rows): {profile.prefill_graph_ms:.3f} ms")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the side-by-side table
+@dataclass(frozen=True)
+class PerfRow:
+    name: str
+    tokens_per_s: float
+    mean_acceptance_length: float = 1.0
+    propose_ms: float = 0.0
+    verify_ms: float = 0.0
+    kind: str = "speclens"  # "transformers", "target" (SpecLens target-only) or "speclens" (with a drafter)
+
+
+def table_plan(device_type: str, methods: tuple[str, ...] = ("eagle3", "eagle")) -> list[tuple[str, list[str]]]:
+    """(row name, bench flags) of every SpecLens row a device measures, target-only first."""
+    from demo.tree import default_draft, default_tree
+
+    gpu = device_type == "cuda"
+    modes = [("eager", [])] + ([("cudagraph", ["--mode", "cudagraph"]),
+                                ("cudagraph + compiled drafter", ["--mode", "cudagraph", "--compile", "drafter"]),
+                                ("cudagraph + compile all", ["--mode", "cudagraph", "--compile", "all"])] if gpu else [])
+    rows = [(f"SpecLens target only, {name}", ["--method", "none", *flags]) for name, flags in modes
+            if "drafter" not in name]
+    # the fastest tree measured on the device (on a CPU, where the default draft is a chain, the best tree)
+    k_tree, tree = default_draft("cuda") if gpu else (4, default_tree(device_type))
+    chain_k = 7 if gpu else 3
+    shapes = [(f"chain k = {chain_k}", ["-k", str(chain_k)]),
+              (f"tree {k_tree} x {tree.topk}, {tree.num_draft_tokens}",
+               ["-k", str(k_tree), "--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.num_draft_tokens)])]
+    for method in methods:
+        for shape, shape_flags in shapes:
+            for name, flags in modes:
+                rows.append((f"{method} {shape}, {name}", ["--method", method, *shape_flags, *flags]))
+    return rows
+
+
+def format_table(rows: list[PerfRow]) -> str:
+    """The table, with each row's speed over transformers' best and over SpecLens' best target-only."""
+    hf = max((r.tokens_per_s for r in rows if r.kind == "transformers"), default=0.0)
+    target = max((r.tokens_per_s for r in rows if r.kind == "target"), default=0.0)
+    lines = ["| run | tokens/s | tokens per target forward | propose ms | verify ms | x transformers | x target only |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        over = lambda base: f"{r.tokens_per_s / base:.2f}" if base else "-"  # noqa: E731
+        step = (f"{r.propose_ms:.2f} | {r.verify_ms:.2f}" if r.kind != "transformers" else " | ")
+        lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {r.mean_acceptance_length:.2f} | {step} | {over(hf)} | "
+                     f"{over(target)} |")
+    return "\n".join(lines)
+
+
+@torch.inference_mode()
+def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_compiled: bool = False,
+                     clock=time.perf_counter) -> PerfRow:
+    """transformers' own greedy ``generate()`` over the prompts (one warm-up on the longest), timed by `clock`."""
+    config = hf.generation_config
+    saved = config.cache_implementation
+    try:
+        if static_compiled:
+            # generate() compiles the decoding forward itself (CompileConfig, "reduce-overhead") once
+            # a static cache is set, on a GPU. Compiling hf.forward by hand as well (the older recipe)
+            # fails in transformers 5.17 on the H200: the static cache is made lazily inside the first
+            # forward, so under a compiled forward its tensors are CUDA-graph outputs the next replay
+            # overwrites ("accessing tensor output of CUDAGraphs that has been overwritten")
+            config.cache_implementation = "static"
+        kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=config.eos_token_id)
+        device = hf.device
+        run = lambda ids: hf.generate(torch.tensor([ids], device=device), **kwargs)  # noqa: E731
+        # warm up on the longest prompt: a static cache is sized by the first call that needs it, and
+        # a later, longer prompt makes a larger one, which the compiled forward recompiles for (on
+        # the H200, with the first prompt as warm-up, the static row ran no faster than the dynamic;
+        # warmed up on the longest it ran 267.4 tokens/s against 34.0, RESULTS.md D21b)
+        run(max(prompts, key=len))
+        tokens, seconds = 0, 0.0
+        for ids in prompts:
+            _sync(device)
+            start = clock()
+            out = run(ids)
+            _sync(device)
+            seconds += clock() - start
+            tokens += out.shape[1] - len(ids)
+    finally:
+        config.cache_implementation = saved
+    name = "transformers generate(), " + ("static cache, compiled" if static_compiled else "dynamic cache")
+    return PerfRow(name, tokens / seconds if seconds else 0.0, kind="transformers")
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[dict], flags: list[str]) -> PerfRow:
+    """One bench run (demo.bench.measure) on an engine over the loaded target."""
+    from demo.bench import chosen_drafter_dtype, measure, parse_args
+    from demo.engine import Engine
+
+    args = parse_args(flags)
+    engine = Engine(target, drafters.get(args.method), mode=args.mode, compile=args.compile,
+                    max_context=args.max_context, drafter_dtype=chosen_drafter_dtype(args.drafter_dtype, target))
+    s = measure(engine, tokenizer, questions, args)["totals"]["summary"]
+    return PerfRow(name, s["tokens_per_s"], s["mean_acceptance_length"], s["mean_draft_ms"], s["mean_verify_ms"],
+                   "target" if args.method == "none" else "speclens")
+
+
+def run_table(argv: list[str]) -> str:
+    """Load once, measure every row of the device's plan on the same prompts; returns the table."""
+    from demo.bench import load_questions, parse_args
+    from demo.models.checkpoints import load_drafter
+    from demo.kernels.runtime import set_kernels
+    from demo.models.loading import load_target
+    from demo.models.presets import bundled_drafter_dir
+    from demo.models.prompts import chat_ids
+    from demo.target import Target
+
+    argv, methods = _drafters_flag(argv)
+    base = parse_args([*argv, "--method", "none"])
+    set_kernels(base.kernels)  # before anything is captured or compiled
+    questions = load_questions(base)
+    hf, tokenizer = load_target(base.target, device=base.device, dtype=base.dtype)
+    target = Target(hf)
+    drafters = {m: load_drafter(str(bundled_drafter_dir(m)), target, method=m) for m in methods}
+    prompts = [chat_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in questions]
+    rows = []
+
+    def measured(row: PerfRow) -> None:  # each row on stderr as it comes: a run cut short keeps them
+        rows.append(row)
+        print(format_table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+
+    measured(transformers_row(hf, prompts, base.max_new_tokens))
+    if target.device.type == "cuda":
+        measured(transformers_row(hf, prompts, base.max_new_tokens, static_compiled=True))
+    for name, flags in table_plan(target.device.type, methods):
+        measured(speclens_row(name, target, drafters, tokenizer, questions, [*argv, *flags]))
+    import transformers
+    head = (f"{len(questions)} prompts, {base.max_new_tokens} new tokens, greedy, {target.device} "
+            f"({torch.cuda.get_device_name() if target.device.type == 'cuda' else 'CPU'}), {target.dtype}, "
+            f"torch {torch.__version__}, transformers {transformers.__version__}")
+    return head + "\n\n" + format_table(rows)
+
+
+def _drafters_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """``--drafters eagle3[,eagle]``: the table's drafters (default both); the other flags are the bench's."""
+    if "--drafters" not in argv:
+        return argv, ("eagle3", "eagle")
+    i = argv.index("--drafters")
+    methods = tuple(m for m in argv[i + 1].split(",") if m)
+    if not methods or any(m not in ("eagle3", "eagle") for m in methods):
+        raise SystemExit(f"--drafters takes eagle3 and/or eagle, comma-separated, not {argv[i + 1]!r}")
+    return argv[:i] + argv[i + 2:], methods
+
+
+def main(argv: list[str] | None = None) -> int:
+    from demo.bench import build_engine, generation_config, load_questions, parse_args, shape_label, tree_shape
+    from demo.models.prompts import chat_ids
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["table"]:
+        print(run_table(argv[1:]))
+        return 0
+    if argv[:1] == ["forward"]:
+        from demo.bench.perf_forward import main as forward_main
+
+        print(forward_main(argv[1:]))
+        return 0
+    args = parse_args(argv)
+    engine, tokenizer = build_engine(args)
+    question = load_questions(args)[0]
+    ids = chat_ids(tokenizer, [{"role": "user", "content": question["turns"][0]}])
+    gen = generation_config(args, max_new_tokens=min(args.max_new_tokens, 64))
+    profile = profile_step(engine, ids, gen)
+    from dataclasses import asdict
+
+    shape = tree_shape(args)
+    drafts = shape_label({"k": shape.depth, "shape": asdict(shape)}) if shape.depth else "target only"
+    print(format_profile(profile, f"{args.method}, {drafts}, {engine.describe()['mode']}, {engine.device}"))
+    return 0

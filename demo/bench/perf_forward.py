@@ -1,0 +1,241 @@
+"""The verification forward alone, on random weights of a named shape.
+
+    python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,attention,fused
+    python -m demo.perf forward --shape llama-3.1-8b --widths 8 --floor
+    python -m demo.perf forward --widths 8,97 --kernels fused --tiles default,block_m=64,steps=3
+
+For each kernels choice (``demo.kernels.runtime``) and width: the kernels one forward launches and their
+summed time, and the time of the forward itself (on a GPU the replay of the forward captured
+alone, median of repeats, without and with ``--compile``; on a CPU wall time, eager). The cache
+holds ``--context`` tokens and the forward attends over ``--attend`` slots, as a decoding step's
+would. ``rows alike``: how many of a wide forward's rows give the logits that row gives alone (its
+earlier rows already in the cache), bit for bit: what a 1-row target-only step and a verification
+must share for bf16 speculation to be exact. ``--floor``: the weights' bytes over the device's copy
+bandwidth, measured in the same run (what reading the weights once costs), and each time over it.
+``--tiles``: the fused kernels' tiles to compare (``demo.kernels.fused.Tiles``), one row each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from demo.bench.timing import capture_alone, kernel_count, replay_ms
+
+SHAPES = {  # transformers LlamaConfig fields
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, rope_theta=100000.0, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=512, rope_theta=10000.0, tie_word_embeddings=True),
+}
+
+
+@dataclass
+class ForwardConfig:
+    shape: str = "smollm2-135m"
+    widths: tuple[int, ...] = (1, 8, 64, 97)
+    kernels: tuple[str, ...] = ("torch",)
+    tiles: tuple[str, ...] = ()  # the fused kernels' grids (demo.kernels.fused.Tiles), each its own rows; () the default
+    compile: bool = False  # also each width compiled (GPU)
+    floor: bool = False
+    context: int = 200  # tokens in the cache before the forward
+    attend: int = 512  # cache slots the forward attends over
+    repeats: int = 50
+    top: int = 0  # list each row's costliest kernels
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class ForwardRow:
+    kernels: str  # the kernels choice, and the fused kernels' tiles where several are compared
+    width: int
+    how: str  # "graph", "compiled" (GPU) or "eager" (CPU)
+    launched: int  # device kernels and copies (CPU: top-level operators)
+    kernel_ms: float  # their summed device time (CPU: wall time of one call)
+    ms: float  # the forward: graph replay (GPU) or wall time (CPU), median of repeats
+    rows_alike: int | None = None  # of `width` rows, how many a 1-row forward gives bit for bit
+    top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
+
+
+def random_target(shape: str, device: str, dtype: torch.dtype, capacity: int):
+    """A demo.target.Target over a random-weight Llama of `shape`, its cache allocated."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from demo.target import Target
+
+    torch.manual_seed(0)
+    config = LlamaConfig(max_position_embeddings=8192, rms_norm_eps=1e-5, **SHAPES[shape])
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialise in the target dtype on the device: an 8B model in fp32 is 32 GB
+    try:
+        with torch.device(device):
+            hf = LlamaForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    target = Target(hf)
+    target.setup_cache(capacity)
+    target.stack_weights()
+    return target
+
+
+def rows_alike(forward, tokens: torch.Tensor, positions: torch.Tensor) -> int:
+    """How many rows of forward(tokens, positions) ([1, W] each -> logits [1, W, V]) equal, bit for
+    bit, the logits of that row run alone after the wide pass (which wrote the earlier rows' K/V)."""
+    wide = forward(tokens, positions)
+    return sum(bool(torch.equal(forward(tokens[:, i:i + 1], positions[:, i:i + 1])[0, 0], wide[0, i]))
+               for i in range(tokens.shape[1]))
+
+
+def weight_bytes(target) -> int:
+    """Bytes a forward reads from the weights: the layers', the final norm's and the head's (the
+    input embedding is a gather of a few rows)."""
+    params = [*target.layers.parameters(), *target.norm.parameters(), target.lm_head.weight]
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def copy_floor_ms(nbytes: int, repeats: int = 20) -> float:
+    """nbytes over the device-to-device copy bandwidth (bytes read plus written, a 4 GiB copy
+    captured and replayed), in ms."""
+    src = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.numel() / (replay_ms(capture_alone(lambda: dst.copy_(src)), repeats) * 1e-3)
+    return nbytes / bandwidth * 1e3
+
+
+def measure(config: ForwardConfig, target) -> list[ForwardRow]:
+    """Every (kernels, width[, compiled]) row over `target` (random_target of config.shape)."""
+    from demo.kernels import fused
+    from demo.engine import compile_step
+    from demo.kernels.runtime import DEFAULT_KERNELS, set_kernels
+
+    cuda = config.device.startswith("cuda")
+    vocab = SHAPES[config.shape]["vocab_size"]
+    P = config.context
+    rows = []
+    with torch.inference_mode():
+        target.forward(torch.randint(0, vocab, (1, P), device=config.device),
+                       torch.arange(P, device=config.device).view(1, -1), attend=config.attend)
+        try:
+            for kernels, tiles in variants(config):
+                set_kernels(kernels)
+                if tiles:
+                    fused.set_tiles(fused.Tiles.parse(tiles))
+                label = f"{kernels} {tiles}" if tiles else kernels
+                for W in config.widths:
+                    tokens = torch.randint(0, vocab, (1, W), device=config.device)
+                    positions = torch.arange(P, P + W, device=config.device).view(1, -1)
+
+                    def forward(t=tokens, p=positions):
+                        return target.forward(t, p, attend=config.attend).logits
+
+                    alike = rows_alike(lambda t, p: target.forward(t, p, attend=config.attend).logits,
+                                       tokens, positions)
+                    runs = [("graph" if cuda else "eager", forward)]
+                    if cuda and config.compile:
+                        runs.append(("compiled", compile_step(forward)))
+                    for how, fn in runs:
+                        launched, kernel_ms, top = kernel_count(fn, cuda)
+                        if cuda:
+                            ms = replay_ms(capture_alone(fn), config.repeats)
+                        else:
+                            ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
+                        rows.append(ForwardRow(label, W, how, launched, kernel_ms, ms, alike, top))
+                        print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+        finally:
+            set_kernels(DEFAULT_KERNELS)
+            fused.set_tiles(fused.Tiles())
+    return rows
+
+
+def variants(config: ForwardConfig) -> list[tuple[str, str | None]]:
+    """(kernels, tiles or None) per measured choice: the fused kernels once per --tiles entry."""
+    return [(k, t) for k in config.kernels for t in (config.tiles if k == "fused" and config.tiles else (None,))]
+
+
+def _wall_ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def format_rows(rows: list[ForwardRow], floor_ms: float | None = None) -> str:
+    lines = ["| kernels | width | how | kernels launched | kernel ms | forward ms | rows alike |"
+             + (" x the floor |" if floor_ms else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if floor_ms else "")]
+    for r in rows:
+        alike = "-" if r.rows_alike is None else f"{r.rows_alike}/{r.width}"
+        lines.append(f"| {r.kernels} | {r.width} | {r.how} | {r.launched} | {r.kernel_ms:.3f} | {r.ms:.3f} | {alike} |"
+                     + (f" {r.ms / floor_ms:.2f} |" if floor_ms else ""))
+    return "\n".join(lines)
+
+
+def format_top(rows: list[ForwardRow], n: int) -> str:
+    """Each row's n costliest kernels (summed time over their launches in one forward)."""
+    lines = []
+    for r in rows:
+        lines.append(f"{r.kernels}, {r.width} rows, {r.how}:")
+        lines += [f"    {ms:7.3f} ms {count:5d} x {name[:90]}" for name, count, ms in r.top[:n]]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> ForwardConfig:
+    from demo.kernels.fused import Tiles
+    from demo.kernels.runtime import KERNELS
+
+    p = argparse.ArgumentParser(prog="python -m demo.perf forward", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default=ForwardConfig.shape)
+    p.add_argument("--widths", default="1,8,64,97", help="rows per forward, comma-separated")
+    p.add_argument("--kernels", default="torch", help=f"comma-separated, of {', '.join(KERNELS)}")
+    p.add_argument("--tiles", default="", help="the fused kernels' tiles to compare, comma-separated "
+                                                  "'default' or FIELD=N[:FIELD=N] of demo.kernels.fused.Tiles")
+    p.add_argument("--compile", action="store_true", help="each width compiled too (GPU)")
+    p.add_argument("--floor", action="store_true", help="the weights' bytes over the copy bandwidth (GPU)")
+    p.add_argument("--context", type=int, default=ForwardConfig.context)
+    p.add_argument("--attend", type=int, default=ForwardConfig.attend)
+    p.add_argument("--repeats", type=int, default=ForwardConfig.repeats)
+    p.add_argument("--top", type=int, default=ForwardConfig.top, help="list each row's N costliest kernels (up to 6)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="default: bfloat16 on a GPU, float32 on a CPU")
+    a = p.parse_args(argv)
+    kernels = tuple(k for k in a.kernels.split(",") if k)
+    if not kernels or any(k not in KERNELS for k in kernels):
+        p.error(f"--kernels takes {', '.join(KERNELS)}, comma-separated, not {a.kernels!r}")
+    tiles = tuple(t for t in a.tiles.split(",") if t)
+    try:
+        for t in tiles:
+            Tiles.parse(t)
+    except ValueError as e:
+        p.error(str(e))
+    widths = tuple(int(w) for w in a.widths.split(",") if w)
+    if not widths or min(widths) < 1:
+        p.error(f"--widths takes positive integers, comma-separated, not {a.widths!r}")
+    if a.context + max(widths) > a.attend:
+        p.error("--attend must cover the context and the widest forward")
+    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, tiles=tiles, compile=a.compile, floor=a.floor,
+                         context=a.context, attend=a.attend, repeats=a.repeats, top=a.top, device=a.device,
+                         dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
+
+
+def main(argv: list[str]) -> str:
+    config = parse_args(argv)
+    if config.floor and not config.device.startswith("cuda"):
+        raise SystemExit("--floor measures a GPU's copy bandwidth")
+    target = random_target(config.shape, config.device, getattr(torch, config.dtype), config.attend)
+    rows = measure(config, target)
+    floor_ms = None
+    head = f"{config.shape}, random weights, {config.dtype}, {config.device}"
+    if config.floor:
+        floor_ms = copy_floor_ms(weight_bytes(target))
+        head += f"; reading the weights once: {floor_ms:.3f} ms at the measured copy bandwidth"
+    head += f"; {config.context} tokens in the cache, attending over {config.attend} slots"
+    out = head + "\n\n" + format_rows(rows, floor_ms)
+    return out + ("\n\n" + format_top(rows, config.top) if config.top else "")

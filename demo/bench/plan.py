@@ -1,0 +1,217 @@
+"""What the app's Benchmark tab runs: a plan (methods x modes x k values over some prompts), its
+checks and its work, the prompts it picks, its run on a Session's engines through demo/bench/cli.py's
+``measuring`` (the CLI's own loop, warm-up and report), and the rows the tab, the chart and the CSV
+show. No Gradio here: demo/ui/bench_tab.py maps these onto components.
+
+Every configuration decodes greedily (T = 0) and drafts a chain of k (draft trees: the CLI's
+``--tree-topk``), after one uncounted warm-up generation, as ``python -m demo.bench`` does by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from demo.bench import cli as bench
+from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODE_LABELS, MODES
+from demo.service.session import LIMITS, MAX_CHARS_PER_TOKEN, RequestError, Session
+
+BUNDLED_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "categories.jsonl"
+WARMUP = 1  # uncounted warm-up generations per configuration (the CLI's --warmup default)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One measured configuration: who drafts, how steps run, and k (0: the target alone)."""
+
+    method: str
+    mode: str
+    k: int
+
+    @property
+    def width(self) -> int:
+        """Tokens the target verifies per step: the last token and the k drafts."""
+        return self.k + 1
+
+    @property
+    def label(self) -> str:
+        drafts = f" k={self.k}" if self.k else ""
+        return f"{METHOD_LABELS[self.method]}{drafts} · {MODE_LABELS[self.mode]}"
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Every (method, mode, k) to measure over the same prompts; target only runs once per mode."""
+
+    methods: tuple[str, ...] = ("none", "eagle3")
+    modes: tuple[str, ...] = ("eager",)
+    ks: tuple[int, ...] = (1, 2, 3)
+    num_prompts: int = 8
+    max_new_tokens: int = 64
+
+    @classmethod
+    def of(cls, methods, modes, ks, num_prompts, max_new_tokens) -> "BenchPlan":
+        """A plan from the tab's values (lists in any order; sliders send floats): methods and modes in
+        METHODS / MODES order, k ascending. Whatever is not allowed stays, for ``check`` to refuse."""
+        ks = tuple(dict.fromkeys(_whole(k) for k in ks or ()))
+        return cls(_ordered(methods, METHODS), _ordered(modes, MODES),
+                   tuple(sorted(ks)) if all(isinstance(k, int) for k in ks) else ks,
+                   _whole(num_prompts), _whole(max_new_tokens))
+
+    def configs(self) -> list[BenchConfig]:
+        """Mode by mode: target only, then each drafting method at every k."""
+        return [BenchConfig(method, mode, k) for mode in self.modes for method in self.methods
+                for k in ((0,) if method == "none" else self.ks)]
+
+    @property
+    def warmup_tokens(self) -> int:
+        return WARMUP * min(self.max_new_tokens, bench.WARMUP_MAX_NEW_TOKENS)
+
+    def work(self, num_prompts: int | None = None) -> int:
+        """Tokens the target may verify in all: per configuration, its tokens per step times the
+        prompts' max new tokens and the warm-up's (Hosting.check_bench_work bounds it)."""
+        n = self.num_prompts if num_prompts is None else num_prompts
+        return sum(c.width for c in self.configs()) * (n * self.max_new_tokens + self.warmup_tokens)
+
+    def check(self, session: Session) -> None:
+        """Refuse, in one sentence, a plan `session` cannot run (before any engine call)."""
+        if not self.methods:
+            raise RequestError("Choose at least one method.")
+        if not self.modes:
+            raise RequestError("Choose at least one mode.")
+        for method in self.methods:
+            if method not in session.methods():
+                raise RequestError(f"{session.name} has no {METHOD_LABELS.get(method, repr(method))} drafter loaded; "
+                                   f"choose among: {', '.join(METHOD_LABELS[m] for m in session.methods())}.")
+        for mode in self.modes:
+            if mode not in MODES:
+                raise RequestError(f"Unknown mode {mode!r}: choose among {', '.join(MODES)}.")
+        if "cudagraph" in self.modes and session.cudagraph_unavailable():
+            raise RequestError(f"CUDA graph mode is unavailable: {session.cudagraph_unavailable()}. "
+                               "Measure eager mode.")
+        if any(m != "none" for m in self.methods) and not self.ks:
+            raise RequestError("Choose at least one k for the drafting methods.")
+        for k in self.ks:
+            _check_whole("k", k, 1, APP_MAX_SPEC_TOKENS)
+        _check_whole("number of prompts", self.num_prompts, 1, 10**6)
+        _check_whole("max new tokens", self.max_new_tokens, *LIMITS["max_new_tokens"])
+
+
+def _whole(value):
+    """A slider's 3.0 as 3; anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _ordered(values, order: tuple[str, ...]) -> tuple:
+    values = tuple(dict.fromkeys(values or ()))
+    return tuple(v for v in order if v in values) + tuple(v for v in values if v not in order)
+
+
+def _check_whole(name: str, value, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise RequestError(f"{name} = {value!r} is not allowed: a whole number from {lo} to {hi}.")
+
+
+def pick_prompts(questions: list[dict], n: int) -> list[dict]:
+    """n questions taken in turn from each category (in the file's order), so that a few prompts
+    already cover every category; all of them when there are no more than n."""
+    by_category: dict[str, list[dict]] = {}
+    for q in questions:
+        by_category.setdefault(q.get("category") or "-", []).append(q)
+    picked, queues = [], [list(qs) for qs in by_category.values()]
+    while len(picked) < n and any(queues):
+        for queue in queues:
+            if queue and len(picked) < n:
+                picked.append(queue.pop(0))
+    return picked
+
+
+def check_prompts(session: Session, questions: list[dict], plan: BenchPlan) -> None:
+    """Each first turn must fit the context with max new tokens and the widest step's tokens."""
+    from demo.models.prompts import chat_ids
+
+    cap = session.max_context * MAX_CHARS_PER_TOKEN
+    width = max(c.width for c in plan.configs())
+    for q in questions:
+        text, name = q["turns"][0], f"question {q.get('question_id')}"
+        if len(text) > cap:
+            raise RequestError(f"{name} is {len(text):,} characters, more than the {session.max_context}-token "
+                               "context can hold.")
+        need = len(chat_ids(session.tokenizer, [{"role": "user", "content": text}])) + plan.max_new_tokens + width
+        if need > session.max_context:
+            raise RequestError(f"{name} needs {need:,} tokens of the {session.max_context}-token context with max "
+                               f"new tokens {plan.max_new_tokens}: lower max new tokens, or leave that question out.")
+
+
+def bench_args(session: Session, config: BenchConfig, plan: BenchPlan, source: str):
+    """The CLI's arguments for `config` (parsed by its own parser, so its rules hold here too)."""
+    argv = ["--target", session.target_spec, "--method", config.method, "--mode", config.mode,
+            "--max-new-tokens", str(plan.max_new_tokens), "--warmup", str(WARMUP), "--prompts", source]
+    if config.k:
+        argv += ["-k", str(config.k), "--drafter", session.drafter_labels[config.method]]
+    return bench.parse_args(argv)
+
+
+@dataclass
+class BenchProgress:
+    """Where a run is: `done` of `total` prompt decodes, and the reports of the configurations finished."""
+
+    done: int
+    total: int
+    what: str
+    reports: list[dict]
+    finished: bool = False  # the last value: every configuration measured
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 1.0
+
+
+def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: str) -> Iterator[BenchProgress]:
+    """Measure every configuration of `plan` on `questions` (already picked and checked) with the
+    session's engines, yielding after each prompt; the last value holds every report. Stopping the
+    iteration stops the run between two prompts."""
+    configs, reports = plan.configs(), []
+    total = len(configs) * len(questions)
+    for i, config in enumerate(configs):
+        engine = session.engine(config.method, config.mode)
+        steps = bench.measuring(engine, session.tokenizer, questions, bench_args(session, config, plan, source))
+        while True:
+            try:
+                done = next(steps)
+            except StopIteration as end:
+                reports.append(end.value)
+                break
+            yield BenchProgress(i * len(questions) + done, total,
+                                f"{config.label}: prompt {done} of {len(questions)}", list(reports))
+    yield BenchProgress(total, total, "done", reports, finished=True)
+
+
+# ---------------------------------------------------------------------- what a run shows
+def summary_rows(reports: list[dict]) -> list[dict]:
+    """One row per configuration: the bench's totals, and the speedup over target only in the same
+    mode when the run measured it."""
+    baseline = {r["totals"]["config"]["mode"]: r["totals"]["summary"]["tokens_per_s"] for r in reports
+                if r["totals"]["config"]["method"] == "none"}
+    rows = []
+    for r in reports:
+        c, s = r["totals"]["config"], r["totals"]["summary"]
+        base = baseline.get(c["mode"])
+        rows.append({"method": c["method"], "mode": c["mode"], "k": c["k"], "prompts": r["totals"]["num_prompts"],
+                     "generated_tokens": s["num_generated"], "mean_acceptance_length": s["mean_acceptance_length"],
+                     "acceptance_per_position": s["acceptance_per_position"], "tokens_per_s": s["tokens_per_s"],
+                     "speedup": s["tokens_per_s"] / base if base and c["method"] != "none" else None,
+                     "mean_draft_ms": s["mean_draft_ms"], "mean_verify_ms": s["mean_verify_ms"]})
+    return rows
+
+
+def category_table(reports: list[dict]) -> list[dict]:
+    """One row per configuration and prompt category (bench.category_rows of each report)."""
+    return [{"method": r["totals"]["config"]["method"], "mode": r["totals"]["config"]["mode"],
+             "k": r["totals"]["config"]["k"], **row} for r in reports for row in r["totals"]["categories"]]
+
+
+def report_text(reports: list[dict]) -> str:
+    """What ``python -m demo.bench`` prints for each configuration, one after another."""
+    return "\n\n".join(bench.format_report(r) for r in reports)

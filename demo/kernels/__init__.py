@@ -1,0 +1,1 @@
+"""Triton kernels of the forwards, each row computed alike at any width."""

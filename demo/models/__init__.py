@@ -1,0 +1,1 @@
+"""Loading what the engine runs: targets, drafter checkpoints, the hub, presets, prompts."""

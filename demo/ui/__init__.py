@@ -1,0 +1,1 @@
+"""The Gradio page, feature by feature; it imports no torch."""

@@ -1,0 +1,56 @@
+"""The Benchmark tab's chart, a pure function: summary rows in (demo/bench/plan.py), a plotly figure out.
+
+Words as in demo/metrics.py: the mean acceptance length counts the target's own token, so target
+only sits at 1 (k = 0). Plotly's modebar keeps its "Download plot as a png" button (only the zoom
+and selection tools are removed, as in demo/ui/figures.py).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from demo.ui.figures import MODEBAR_REMOVE
+from demo.methods import METHOD_LABELS, MODE_LABELS
+
+METHOD_COLORS = {"none": "#7f7f7f", "eagle": "#48b5c4", "eagle3": "#22559f"}
+MODE_DASH = {"eager": "solid", "cudagraph": "dot"}
+
+
+def bench_figure(rows: list[dict]) -> go.Figure:
+    """Mean acceptance length (left) and tokens/s (right) against k, one line per method and mode;
+    target only (k = 0) is a point on both, and a dashed line across the tokens/s panel."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("Mean acceptance length (includes the target's own token)",
+                                        "Tokens per second"))
+    series: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        series.setdefault((row["method"], row["mode"]), []).append(row)
+    ks = sorted({row["k"] for row in rows})
+    for (method, mode), points in series.items():
+        points = sorted(points, key=lambda r: r["k"])
+        name = f"{METHOD_LABELS[method]} · {MODE_LABELS[mode]}"
+        style = dict(color=METHOD_COLORS.get(method, "#555"), dash=MODE_DASH.get(mode, "solid"), width=2)
+        x = [p["k"] for p in points]
+        for col, key, fmt in ((1, "mean_acceptance_length", ".2f"), (2, "tokens_per_s", ".1f")):
+            fig.add_trace(go.Scatter(x=x, y=[p[key] for p in points], mode="lines+markers", name=name,
+                                     legendgroup=name, showlegend=col == 1, line=style, marker=dict(size=8),
+                                     hovertemplate=f"{name}, k=%{{x}}: %{{y:{fmt}}}<extra></extra>"),
+                          row=1, col=col)
+        if method == "none" and len(ks) > 1:
+            fig.add_trace(go.Scatter(x=[ks[0], ks[-1]], y=[points[0]["tokens_per_s"]] * 2, mode="lines",
+                                     line=dict(color=style["color"], dash="dash", width=1), hoverinfo="skip",
+                                     legendgroup=name, showlegend=False), row=1, col=2)
+    fig.update_layout(template="plotly_white", height=340, margin=dict(l=56, r=16, t=64, b=48),
+                      legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
+                      hovermode="closest", modebar=dict(remove=MODEBAR_REMOVE))
+    fig.update_annotations(font_size=13)
+    fig.update_xaxes(title_text="k (draft tokens per step; 0: target only)", tickmode="array", tickvals=ks or [0],
+                     rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text="tokens per target forward", row=1, col=1)
+    fig.update_yaxes(title_text="tokens/s", row=1, col=2)
+    if not rows:
+        fig.add_annotation(text="no benchmark yet", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                           font=dict(color="#888"))
+    return fig

@@ -1,0 +1,1 @@
+"""Every HTML builder of the page, pure functions of plain data."""

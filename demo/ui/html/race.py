@@ -1,0 +1,68 @@
+"""The race panel -> escaped HTML: the speculative run and the target-only run of one prompt, lane
+above lane, each as far as it had got after the same engine time (demo/ui/replay.py says which step),
+and at the finish the speedup, tokens per target call and, at T = 0, the identity check.
+
+Engine time is each run's own prefill and steps (demo/metrics.py): the time spent drawing the page
+between steps is in neither lane.
+"""
+
+from __future__ import annotations
+
+from demo.service.chat import Comparison, RunTrace, Turn
+from demo.ui.html.render import escape, render_reply
+from demo.ui.replay import pieces_at, step_times, tokens_per_call
+
+RACE_HINT = ("Tick “Compare with target-only” and generate: the race then replays the two runs of your prompt "
+             "side by side, each at its measured pace (engine time).")
+
+
+def render_lane(label: str, reply: Turn, trace: RunTrace, step: int, total_tokens: int) -> str:
+    """One lane: its tokens so far (coloured by provenance), a bar of tokens out of the longer reply,
+    target calls so far, and when it finished."""
+    shown = pieces_at(reply.pieces, step)
+    calls = max(step + 1, 0)  # the prefill is the first target call
+    finished = step >= len(trace.points)
+    end = f" · finished at {step_times(trace)[-1]:.2f} s" if finished else ""
+    width = 100 * len(shown) / total_tokens if total_tokens else 0
+    state = "sl-lane-done" if finished else "sl-lane-running"
+    return (f'<div class="sl-lane {state}"><div class="sl-lane-head"><b>{escape(label)}</b>'
+            f'<span class="sl-lane-count">{len(shown)} tokens · {calls} target calls{end}</span></div>'
+            f'<div class="sl-lane-bar"><div style="width:{width:.1f}%"></div></div>'
+            f'<div class="sl-lane-text">{render_reply(shown)}</div></div>')
+
+
+def render_race_summary(label: str, spec: RunTrace, comparison: Comparison) -> str:
+    """The finish: speedup in engine time, tokens per target call, and the T = 0 identity."""
+    lines = [f'<div class="sl-race-speedup"><b>{comparison.speedup:.2f}×</b> {escape(label)} vs target only: '
+             f"{comparison.speculative_tokens_per_s:.1f} vs {comparison.baseline_tokens_per_s:.1f} tokens/s of "
+             "engine time</div>",
+             f'<div class="sl-race-calls">{tokens_per_call(spec.stats):.2f} vs '
+             f"{tokens_per_call(comparison.baseline_trace.stats):.2f} tokens per target call</div>"]
+    if comparison.identical is None:
+        lines.append('<div class="sl-identity">T &gt; 0: two samples, each from the target\'s distribution; they '
+                     "differ by design.</div>")
+    elif comparison.identical:
+        wide = (f" run {comparison.reference_width} rows wide (the exact reference)"
+                if comparison.reference_width > 1 else "")
+        lines.append(f'<div class="sl-identity sl-ok">✓ T = 0: the same {spec.stats.num_generated} tokens as '
+                     f"target-only decoding{wide}.</div>")
+    else:
+        lines.append(f'<div class="sl-identity sl-bad">✗ T = 0: differs from target-only decoding at token '
+                     f"{comparison.first_difference}.</div>")
+    return '<div class="sl-race-summary">' + "".join(lines) + "</div>"
+
+
+def render_race(label: str, reply: Turn, spec: RunTrace, baseline_reply: Turn, baseline: RunTrace, t: float,
+                steps: tuple[int, int], comparison: Comparison | None) -> str:
+    """Both lanes after `t` engine seconds (steps: the last step each had finished; `label` names the
+    speculative run's method); the summary once both have finished and the comparison is known."""
+    total = max(len(reply.pieces), len(baseline_reply.pieces))
+    lanes = (render_lane(label, reply, spec, steps[0], total) +
+             render_lane("target only", baseline_reply, baseline, steps[1], total))
+    finished = steps[0] >= len(spec.points) and steps[1] >= len(baseline.points)
+    summary = render_race_summary(label, spec, comparison) if finished and comparison else ""
+    return (f'<div class="sl-race"><div class="sl-race-clock">engine time {t:.2f} s</div>{lanes}{summary}</div>')
+
+
+def render_race_hint() -> str:
+    return f'<div class="sl-race sl-empty">{escape(RACE_HINT)}</div>'

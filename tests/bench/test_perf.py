@@ -1,0 +1,138 @@
+"""python -m demo.perf takes one decoding step apart on any engine (here a tiny one on the CPU)."""
+
+import pytest
+import torch
+
+from demo.engine import Engine, GenerationConfig
+from demo.bench.perf import PHASES, format_profile, profile_step
+from demo.target import Target
+from demo.tree import TreeShape
+from tests.tiny import tiny_drafter, tiny_hf
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_a_step_profile_counts_the_work_of_every_phase_in_step_order(tree):
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
+    gen = GenerationConfig(max_new_tokens=8, num_spec_tokens=3, tree=tree, stop_token_ids=())
+    profile = profile_step(engine, [1, 17, 99, 4], gen)
+    assert [p.name for p in profile.phases] == list(PHASES)
+    assert all(p.kernels > 0 and p.kernel_ms > 0 and p.top for p in profile.phases)
+    verify = next(p for p in profile.phases if p.name == "verify")
+    assert verify.kernels > next(p for p in profile.phases if p.name == "catch_up").kernels  # 2 layers vs 1
+    assert profile.step_graph_ms is None and profile.prefill_rows == 4  # eager on a CPU: no graphs, no padding
+    text = format_profile(profile, "title")
+    assert all(name in text for name in PHASES)
+
+
+def test_target_only_profiles_verification_and_acceptance_only():
+    engine = Engine(Target(tiny_hf("llama")), None, max_context=64)
+    profile = profile_step(engine, [1, 2, 3], GenerationConfig(max_new_tokens=4, num_spec_tokens=0, stop_token_ids=()))
+    assert [p.name for p in profile.phases] == ["verify", "accept"]
+
+
+def test_the_table_plan_measures_every_mode_a_device_has_chains_and_trees():
+    from demo.bench.perf import table_plan
+
+    cpu, gpu = table_plan("cpu"), table_plan("cuda")
+    assert all("--mode" not in flags for _, flags in cpu)  # a CPU has eager mode only
+    assert [name for name, _ in cpu if "target only" in name] == ["SpecLens target only, eager"]
+    for method in ("eagle3", "eagle"):
+        assert {("--tree-topk" in flags) for name, flags in gpu if name.startswith(method)} == {True, False}
+        assert {tuple(flags[flags.index("--mode"):]) for name, flags in gpu if name.startswith(method) and "--mode" in flags} \
+            == {("--mode", "cudagraph"), ("--mode", "cudagraph", "--compile", "drafter"),
+                ("--mode", "cudagraph", "--compile", "all")}
+    assert not any("drafter" in flags and "none" in flags for _, flags in gpu)  # target only has no drafter to compile
+
+
+def test_the_tables_drafters_flag_picks_its_drafters_and_leaves_the_bench_flags():
+    from demo.bench.perf import _drafters_flag
+
+    assert _drafters_flag(["--num-prompts", "4"]) == (["--num-prompts", "4"], ("eagle3", "eagle"))
+    assert _drafters_flag(["--drafters", "eagle3", "--num-prompts", "4"]) == (["--num-prompts", "4"], ("eagle3",))
+    with pytest.raises(SystemExit, match="eagle3 and/or eagle"):
+        _drafters_flag(["--drafters", "medusa"])
+
+
+def test_the_table_gives_each_row_its_speed_over_transformers_and_over_target_only():
+    from demo.bench.perf import PerfRow, format_table
+
+    rows = [PerfRow("hf dynamic", 100.0, kind="transformers"), PerfRow("hf static", 200.0, kind="transformers"),
+            PerfRow("target", 250.0, kind="target"), PerfRow("eagle3", 500.0, 3.2, 1.0, 2.0)]
+    lines = format_table(rows).splitlines()
+    assert lines[-1] == "| eagle3 | 500.0 | 3.20 | 1.00 | 2.00 | 2.50 | 2.00 |"  # over the best of each
+    assert lines[2].endswith("| 0.50 | 0.40 |")
+
+
+def test_the_transformers_row_is_the_generated_tokens_over_the_timed_calls_after_a_warm_up_on_the_longest_prompt(monkeypatch):
+    import demo.bench.perf as perf
+
+    hf = tiny_hf("llama")
+    hf.generation_config.eos_token_id = None  # run to the budget: 6 new tokens a prompt
+    calls = []
+    generate = hf.generate
+    monkeypatch.setattr(hf, "generate", lambda ids, **k: calls.append(ids.shape[1]) or generate(ids, **k))
+    ticks = iter([0, 1, 10, 13])  # two timed calls, 1 s and 3 s (a timed warm-up would run out of ticks)
+    row = perf.transformers_row(hf, [[4, 5], [1, 2, 3]], max_new_tokens=6, clock=lambda: next(ticks))
+    assert calls == [3, 2, 3]  # a warm-up on the longest prompt (a static cache fits the rest), then one a prompt
+    assert row.kind == "transformers" and "dynamic" in row.name
+    assert row.tokens_per_s == 12 / 4  # 2 x 6 new tokens (the prompts not counted) over 1 + 3 s
+
+
+def test_the_profile_compiles_the_phases_the_engine_compiles():
+    from demo.bench.perf import compiled_phase
+
+    target = Target(tiny_hf("llama"))
+    drafter_phases = {"project", "catch_up", "draft"}
+    for scope in (False, "drafter", "all"):
+        engine = Engine(target, tiny_drafter("eagle3", target), compile=scope, max_context=64)
+        assert not any(compiled_phase(engine, phase) for phase in PHASES)  # eager mode compiles nothing
+        engine.mode = "cudagraph"  # as on a GPU
+        compiled = {phase for phase in PHASES if compiled_phase(engine, phase)}
+        assert compiled == {False: set(), "drafter": drafter_phases | {"accept"}, "all": set(PHASES)}[scope]
+
+
+def test_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_forward():
+    from demo.bench.perf_forward import rows_alike
+
+    def forward(tokens, positions):  # [1, W] -> [1, W, 5]; a wide pass rounds its third row otherwise
+        logits = (tokens.float() + positions.float())[..., None].repeat(1, 1, 5)
+        if tokens.shape[1] > 1:
+            logits[0, 2] += 1e-3
+        return logits
+
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    assert rows_alike(forward, tokens, torch.arange(10, 15).view(1, -1)) == 4
+    assert rows_alike(forward, tokens[:, :1], torch.tensor([[10]])) == 1
+
+
+def test_perf_forward_gives_a_row_per_kernels_choice_and_width_with_the_verification_forwards_rows_alike():
+    from demo.bench.perf_forward import main
+
+    table = main(["--shape", "tiny", "--widths", "1,3", "--attend", "256", "--repeats", "3", "--device", "cpu",
+                  "--top", "2"])
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| torch")]
+    assert "torch, 3 rows, eager:" in table and "aten::" in table.split("torch, 3 rows, eager:")[1]
+    assert [(r[1], r[2]) for r in rows] == [("1", "eager"), ("3", "eager")]
+    assert rows[0][6].startswith("1/1") and rows[1][6].split("/")[1].startswith("3")
+    assert all(int(r[3]) > 0 and float(r[5]) > 0 for r in rows)
+
+
+def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_and_the_widest_forward():
+    from demo.bench.perf_forward import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--context", "200", "--widths", "1,64", "--attend", "256", "--device", "cpu"])
+    assert parse_args(["--context", "192", "--widths", "1,64", "--attend", "256", "--device", "cpu"]).dtype == "float32"
+
+
+def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_and_refuses_a_malformed_one():
+    from demo.bench.perf_forward import parse_args, variants
+
+    config = parse_args(["--kernels", "torch,fused", "--tiles", "default,block_n=16:steps=3", "--device", "cpu"])
+    assert variants(config) == [("torch", None), ("fused", "default"), ("fused", "block_n=16:steps=3")]
+    assert variants(parse_args(["--kernels", "fused", "--device", "cpu"])) == [("fused", None)]
+    for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
+                "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8"):
+        with pytest.raises(SystemExit):
+            parse_args(["--kernels", "fused", "--tiles", bad, "--device", "cpu"])

@@ -1,0 +1,84 @@
+"""In a real browser against `python app.py` (the embedded default; the shared `app_url` fixture): the
+Benchmark tab measures a very small plan and shows the bench CLI's table, a chart with plotly's
+"Download plot as a PNG" button and a CSV download; a finished chat reply downloads as a trace.
+Helpers and skip rules are tests/browser/driver.py's."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from tests.browser import driver as browser
+from tests.browser.driver import click, css, type_and_generate, usable, wait_for
+
+pytestmark = browser.pytestmark  # skipped without chromium, as every browser test
+
+
+def allow_downloads(driver, folder) -> None:
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(folder)})
+
+
+def set_number(driver, selector: str, value: int) -> None:
+    """Type a value into a slider's number box as a visitor would, then leave it."""
+    box = usable(driver, f"{selector} input[type=number]")
+    driver.execute_script("arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input'));"
+                          "arguments[0].dispatchEvent(new Event('blur'));", box, str(value))
+
+
+def downloaded(folder, suffix: str, timeout: float = 30):
+    return wait_for(lambda: sorted(folder.glob(f"*{suffix}")), timeout, f"a downloaded {suffix} file")[0]
+
+
+def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_csv(app_url, driver, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    allow_downloads(driver, tmp_path)
+    driver.get(app_url)
+    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
+    usable(driver, "#sl-bench-run")
+    for label in css(driver, "#sl-bench-methods label"):  # target only and EAGLE-3
+        if label.find_element("css selector", "input").is_selected() != (label.text in ("target only", "EAGLE-3")):
+            click(driver, label)
+    for label in css(driver, "#sl-bench-ks label"):  # k = 2 only
+        if label.find_element("css selector", "input").is_selected() != (label.text.strip() == "2"):
+            click(driver, label)
+    set_number(driver, "#sl-bench-num-prompts", 2)
+    set_number(driver, "#sl-bench-max-new", 8)
+    wait_for(lambda: "2 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
+    click(driver, "#sl-bench-run")
+
+    wait_for(lambda: "done:" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark to finish")
+    summary = css(driver, "#sl-bench-summary")[0].text
+    assert "target only · eager" in summary and "EAGLE-3 k=2 · eager" in summary
+    assert "EAGLE-3 k=2 · eager" in css(driver, "#sl-bench-categories")[0].text
+    report = css(driver, "#sl-bench-report")[0].text  # the bench CLI's acceptance table, per configuration
+    assert report.count("mean acceptance length:") == 2 and "acceptance at token 1:" in report
+    chart = css(driver, "#sl-bench-chart .js-plotly-plot")[0]
+    assert len(css(driver, "#sl-bench-chart .js-plotly-plot g.trace.scatter")) >= 4  # 2 series x 2 panels
+    ActionChains(driver).move_to_element(chart).perform()
+    assert "Download plot as a PNG" in [b.get_attribute("data-title") for b in
+                                        css(driver, "#sl-bench-chart .modebar-btn")]
+
+    click(driver, "#sl-bench-csv")
+    with open(downloaded(tmp_path, ".csv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], r["k"], r["category"]) for r in rows[:2]] == [("none", "0", "all"), ("eagle3", "2", "all")]
+    assert float(rows[1]["mean_acceptance_length"]) >= 1.0 and rows[1]["prompts"] == "2"
+
+
+def test_a_finished_reply_downloads_as_a_trace_of_its_steps(app_url, driver, tmp_path):
+    allow_downloads(driver, tmp_path)
+    driver.get(app_url)
+    wait_for(lambda: css(driver, "#sl-trace-download"), 60, "the trace button")
+    assert not css(driver, "#sl-trace-download")[0].is_enabled()  # nothing to trace yet
+    set_number(driver, "#sl-max-new", 8)
+    type_and_generate(driver, "Say hello.")
+    wait_for(lambda: "sl-status-done" in css(driver, "#sl-status")[0].get_attribute("innerHTML"), 120, "the reply")
+    click(driver, "#sl-trace-download")
+    trace = json.loads(downloaded(tmp_path, ".json").read_text(encoding="utf-8"))
+    reply = driver.execute_script(  # the reply as emitted: without the struck rejected drafts
+        "const r = arguments[0].cloneNode(true); r.querySelectorAll('.sl-rejected').forEach(e => e.remove());"
+        "return r.textContent;", css(driver, "#sl-conversation .sl-assistant .sl-reply")[0])
+    assert trace["settings"]["max_new_tokens"] == 8 and trace["environment"]["device"] == "cpu"
+    assert [s["step"] for s in trace["steps"]] == list(range(len(trace["steps"])))
+    assert "".join(t["text"] for s in trace["steps"] for t in s["emitted"]).strip() == reply.strip()

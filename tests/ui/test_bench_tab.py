@@ -1,0 +1,65 @@
+"""The Benchmark tab of a public app on the tiny predictable model (tests/tiny_chat.py), driven as the
+page drives it (Gradio's queue, tests/service/test_hosting.py's helpers): a plan within the work budget is
+measured and shown with its CSV, one past it is refused in a sentence, and so is a file that is not
+MT-bench JSONL. No weights, no GPU, no browser."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import httpx
+import pytest
+
+from demo.service.hosting import BENCH_WORK_BUDGET, Hosting
+from demo.views import build_demo
+from tests.service.test_hosting import client, serve, ui_event
+from tests.tiny_chat import tiny_session
+
+SMALL = {"sl-bench-methods": ["none", "eagle"], "sl-bench-ks": [2], "sl-bench-num-prompts": 2, "sl-bench-max-new": 8}
+
+
+@pytest.fixture(scope="module")
+def public():
+    demo = build_demo(tiny_session(predictable=True), Hosting(public=True))
+    url = serve(demo, Hosting(public=True))
+    yield demo, url
+    demo.close()
+
+
+def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(public):
+    demo, url = public
+    with httpx.Client() as http:
+        out = ui_event(http, url, demo, "run_benchmark", "bench-a", client(1), SMALL)
+        assert "error" not in out, out
+        assert "done: 2 configuration(s) on 2 prompts of assets/prompts/categories.jsonl" in out["sl-bench-status"]
+        summary = out["sl-bench-summary"]["data"]
+        assert [row[0] for row in summary] == ["target only · eager", "EAGLE k=2 · eager"]
+        assert summary[1][3] == 3.0 and summary[1][4] == "1.00 · 1.00"  # every draft accepted: k + 1 per forward
+        categories = out["sl-bench-categories"]["data"]
+        assert {(row[0], row[1]) for row in categories} == {(c, cat) for c in ("target only · eager", "EAGLE k=2 · eager")
+                                                            for cat in ("writing", "roleplay")}  # one from each
+        assert out["sl-bench-report"].count("mean acceptance length: ") == 2  # what python -m demo.bench prints
+        rows = list(csv.DictReader(io.StringIO(http.get(out["sl-bench-csv"]["value"]["url"], timeout=30).text)))
+        assert [(r["method"], r["k"], r["category"]) for r in rows][:2] == [("none", "0", "all"), ("eagle", "2", "all")]
+        assert len(rows) == 2 + 4 and rows[1]["mean_acceptance_length"] == "3.0"
+
+
+def test_a_benchmark_past_the_public_budget_is_refused_with_a_sentence(public):
+    demo, url = public
+    big = {**SMALL, "sl-bench-num-prompts": 80, "sl-bench-max-new": 512}
+    with httpx.Client() as http:
+        out = ui_event(http, url, demo, "run_benchmark", "bench-b", client(2), big)
+    assert f"this public app allows {BENCH_WORK_BUDGET['cpu']:,} per run" in out["error"]
+
+
+def test_an_uploaded_file_that_is_not_mt_bench_jsonl_is_refused_in_one_line(public):
+    demo, url = public
+    with httpx.Client() as http:
+        paths = http.post(url + "gradio_api/upload", files={"files": ("mine.jsonl", b'{"turns": ["ok"]}\nnot json\n')},
+                          timeout=30).json()
+        upload = {"path": paths[0], "orig_name": "mine.jsonl", "meta": {"_type": "gradio.FileData"}}
+        out = ui_event(http, url, demo, "run_benchmark", "bench-c", client(3), {**SMALL, "sl-bench-file": upload})
+        assert out["error"].startswith("mine.jsonl, line 2: not JSON") and "\n" not in out["error"]
+        described = ui_event(http, url, demo, "describe_prompts", "bench-c", client(3), {"sl-bench-file": upload})
+        assert "mine.jsonl, line 2: not JSON" in described["sl-bench-prompts"]
