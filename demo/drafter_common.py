@@ -157,6 +157,7 @@ class DrafterBase(nn.Module):
         # them, and the drafter's parameters(), state_dict() and .to() never include the target's
         object.__setattr__(self, "_target_embed", None)
         object.__setattr__(self, "logits_dtype", None)  # the target's dtype once shared: logits come back in it
+        self.triton = True  # attention through demo.kernels.attend's kernels where they run; the target's choice once shared
         self.cache: KVCache | None = None
         self.cos = self.sin = None
 
@@ -173,6 +174,7 @@ class DrafterBase(nn.Module):
         drafter to its device and dtype."""
         object.__setattr__(self, "_target_embed", target.embed)
         object.__setattr__(self, "logits_dtype", target.dtype)
+        self.triton = target.kernels != "torch"
         if not self.cfg.own_lm_head:
             self._borrow_head(target.lm_head)
 

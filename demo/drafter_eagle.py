@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from demo.drafter_common import DraftAttention, DraftMLP, DrafterBase, DrafterConfig, RMSNorm
+from demo.drafter_common import DraftAttention, DrafterBase, DrafterConfig, DraftMLP, RMSNorm
 from demo.layers import attention, linear, stacked, swiglu_mlp
 
 
@@ -50,7 +50,8 @@ class EagleDrafter(DrafterBase):
         cos, sin, slots, mask, k_cache, v_cache = self.rope_slots_mask(positions, slots, mask, attend)
         att = layer.self_attn
         x = x + attention(x, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, cfg.num_heads,
-                          cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask)
+                          cfg.num_kv_heads, cfg.head_dim, cos, sin, k_cache, v_cache, slots, mask,
+                          triton=self.triton)
         mlp = layer.mlp
         x = x + swiglu_mlp(layer.post_attention_layernorm(x), stacked(mlp.gate_proj, mlp.up_proj), mlp.down_proj)
         return (self.head_logits(x) if logits else None), x

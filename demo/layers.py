@@ -76,9 +76,9 @@ class StackedLinear:
     On a CPU in fp32 every call multiplies by a copy of the weight made on the first call and again
     after the weight changes: in oneDNN's prepacked layout for a wide output (gate/up, the head); for
     the rest (q/k/v, o_proj, down) prepacked or transposed to [in, out], whichever multiplies a
-    verification's rows quicker on this CPU (``several_row_layout``: the hosts measured disagree).
-    PyTorch's plain fp32 multiply took 1.8 to 2.5 x as long for 4 rows as for 1 on 2 cores, and
-    even for 1 row the copies are the quicker here (the head 3.0 against 9.7 ms; docs/PERFORMANCE.md)."""
+    verification's rows quicker on this CPU (``several_row_layout``: CPUs disagree). PyTorch's plain
+    fp32 multiply grows with the row count on a few cores, and even for 1 row the copies are the
+    quicker (docs/PERFORMANCE.md, "CPU")."""
 
     def __init__(self, linears: tuple):
         self.linears = linears
@@ -159,10 +159,9 @@ _LAYOUTS: dict[tuple[int, int], str] = {}  # (out, in) -> the copy several_row_l
 
 def several_row_layout(w: torch.Tensor) -> str:
     """The copy a [out, in] fp32 CPU weight is multiplied through: "onednn" (prepacked) for a wide
-    output, where it wins on every CPU measured; for a narrower one whichever multiplies PREPACK_ROWS
-    rows quicker here, timed once a shape a process. On one host the transposed copy was the quicker
-    for q/k/v, o_proj and down (30 layers' q/k/v 5.17 against 6.54 ms), on another oneDNN by 2.5 to 4 x
-    (docs/PERFORMANCE.md). oneDNN must win by a margin, so that two processes seldom pick apart on
+    output, where it wins on every CPU; for a narrower one whichever multiplies PREPACK_ROWS rows
+    quicker here, timed once a shape a process (on some CPUs the transposed copy wins for q/k/v,
+    o_proj and down, on others oneDNN by several times; docs/PERFORMANCE.md, "CPU"). oneDNN must win by a margin, so that two processes seldom pick apart on
     close timings (the two copies may round a product differently: a pick is a process's, and
     target-only and speculation in one process share it)."""
     if w.shape[0] > TRANSPOSED_MAX_RATIO * w.shape[1]:
@@ -240,18 +239,19 @@ def attention(
     mask: torch.Tensor,  # [B, 1, q, S] bool
     q_norm=None,  # Qwen3-style per-head RMSNorm modules (weight, variance_epsilon)
     k_norm=None,
+    triton: bool = True,  # demo.kernels.attend's kernels where they run (False: SDPA)
 ) -> torch.Tensor:  # [B, q, H]
     """Self-attention over a static cache: write this step's K/V at their slots, attend to all
     slots the mask allows, project out. RoPE comes in as cos/sin of the tokens' positions."""
     qs, ks, vs = qkv(x)
     heads = attend_heads(qs, ks, vs, num_heads, num_kv_heads, head_dim, cos, sin, k_cache, v_cache, slots, mask,
-                         q_norm, k_norm)
+                         q_norm, k_norm, triton)
     return linear(o_proj, heads)
 
 
 def attend_heads(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, num_heads: int, num_kv_heads: int,
                  head_dim: int, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slots: torch.Tensor, mask: torch.Tensor, q_norm=None, k_norm=None) -> torch.Tensor:
+                 slots: torch.Tensor, mask: torch.Tensor, q_norm=None, k_norm=None, triton: bool = True) -> torch.Tensor:
     """The attention between the projections (``attention``'s middle): qs [B, q, nh*hd], ks and vs
     [B, q, nkv*hd] -> [B, q, nh*hd], the rest as ``attention`` takes them."""
     B, q, _ = qs.shape
@@ -267,7 +267,7 @@ def attend_heads(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, num_heads
     index = slots[:, None, :, None].expand(B, num_kv_heads, q, head_dim)
     k_cache.scatter_(2, index, ks)
     v_cache.scatter_(2, index, vs)
-    out = attend(qs, k_cache, v_cache, mask)  # [B, nh, q, hd]
+    out = attend(qs, k_cache, v_cache, mask, triton)  # [B, nh, q, hd]
     return out.transpose(1, 2).reshape(B, q, num_heads * head_dim)
 
 

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 from demo.kernels.attend import ORDERED_ROWS, attend, causal_seen_slots, orders_slots, seen_slots
 from demo.kernels.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
+from demo.kernels.runtime import DEFAULT_KERNELS, check_kernels
 from demo.kv_cache import KVCache
-from demo.layers import (attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked,
-                         swiglu_mlp)
+from demo.layers import attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked, swiglu_mlp
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -84,8 +84,11 @@ class TargetOutput:
 class Target:
     """Forward over a transformers Llama-family CausalLM's weights, with a static KV cache."""
 
-    def __init__(self, hf_model):
+    def __init__(self, hf_model, kernels: str = DEFAULT_KERNELS):
+        """kernels: what the forwards run on a GPU (demo.kernels.runtime.KERNELS): the fused kernels,
+        or PyTorch's layers, their reference (a measurement choice: the app runs the default)."""
         self.hf = hf_model
+        self.kernels = check_kernels(kernels)
         self.config = TargetConfig.from_hf(hf_model.config)
         inner = hf_model.model
         self.embed = inner.embed_tokens
@@ -113,7 +116,7 @@ class Target:
         slot order (demo.kernels.attend). Then 1-row target-only decoding is the exact reference of any
         verification, a chain's or a tree's (demo.engine.target_only_width)."""
         x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
-        return (fused_runs(x, self.act) and all(self._fuse_layer(layer) for layer in self.layers)
+        return (self._fuses(x) and all(self._fuse_layer(layer) for layer in self.layers)
                 and getattr(self.lm_head, "bias", None) is None and self.ordered_masks(1))
 
     def ordered_masks(self, rows: int) -> bool:
@@ -123,7 +126,8 @@ class Target:
         so (demo.engine), and forward orders a boolean one itself."""
         x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
         c = self.config
-        return rows <= ORDERED_ROWS and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads)
+        return (rows <= ORDERED_ROWS and self.kernels != "torch"
+                and orders_slots(x, c.head_dim, c.num_heads // c.num_kv_heads))
 
     def check_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Refuse feature layer ids the target does not have (id L is the last layer's output)."""
@@ -159,6 +163,10 @@ class Target:
             att, mlp = layer.self_attn, layer.mlp
             stacked(att.q_proj, att.k_proj, att.v_proj)
             stacked(mlp.gate_proj, mlp.up_proj)
+
+    def _fuses(self, x: torch.Tensor) -> bool:
+        """Whether this target's forwards over activations like x take demo.kernels.fused's kernels."""
+        return self.kernels == "fused" and fused_runs(x, self.act)
 
     @staticmethod
     def _fuse_layer(layer) -> bool:
@@ -219,7 +227,7 @@ class Target:
             if in_order and mask.dtype == torch.bool:  # a tree's nodes sum their ancestors as target-only sums the path
                 mask = seen_slots(mask)  # int32 [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
-        fused = fused_runs(x, self.act)  # demo.kernels.fused's kernels (demo.kernels.runtime "fused", on a GPU)
+        fused = self._fuses(x)
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 streams[i] = x
@@ -233,7 +241,7 @@ class Target:
             x = x + attention(
                 h, stacked(att.q_proj, att.k_proj, att.v_proj), att.o_proj, c.num_heads, c.num_kv_heads,
                 c.head_dim, cos, sin, k_cache, v_cache, slots, mask,
-                getattr(att, "q_norm", None), getattr(att, "k_norm", None),
+                getattr(att, "q_norm", None), getattr(att, "k_norm", None), self.kernels != "torch",
             )
             h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
             x = x + swiglu_mlp(h, stacked(layer.mlp.gate_proj, layer.mlp.up_proj), layer.mlp.down_proj, self.act)

@@ -1,10 +1,10 @@
 """The verification forward alone, on random weights of a named shape.
 
-    python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,attention,fused
+    python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,fused
     python -m demo.perf forward --shape llama-3.1-8b --widths 8 --floor
     python -m demo.perf forward --widths 8,97 --kernels fused --tiles default,block_m=64,steps=3
 
-For each kernels choice (``demo.kernels.runtime``) and width: the kernels one forward launches and their
+For each kernels choice (``demo.kernels.runtime.KERNELS``) and width: the kernels one forward launches and their
 summed time, and the time of the forward itself (on a GPU the replay of the forward captured
 alone, median of repeats, without and with ``--compile``; on a CPU wall time, eager). The cache
 holds ``--context`` tokens and the forward attends over ``--attend`` slots, as a decoding step's
@@ -21,7 +21,8 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -86,7 +87,7 @@ def random_target(shape: str, device: str, dtype: torch.dtype, capacity: int):
     return target
 
 
-def rows_alike(forward, tokens: torch.Tensor, positions: torch.Tensor) -> int:
+def count_rows_alike(forward, tokens: torch.Tensor, positions: torch.Tensor) -> int:
     """How many rows of forward(tokens, positions) ([1, W] each -> logits [1, W, V]) equal, bit for
     bit, the logits of that row run alone after the wide pass (which wrote the earlier rows' K/V)."""
     wide = forward(tokens, positions)
@@ -112,9 +113,7 @@ def copy_floor_ms(nbytes: int, repeats: int = 20) -> float:
 
 def measure(config: ForwardConfig, target) -> list[ForwardRow]:
     """Every (kernels, width[, compiled]) row over `target` (random_target of config.shape)."""
-    from demo.kernels import fused
     from demo.engine import compile_step
-    from demo.kernels.runtime import DEFAULT_KERNELS, set_kernels
 
     cuda = config.device.startswith("cuda")
     vocab = SHAPES[config.shape]["vocab_size"]
@@ -123,36 +122,69 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
     with torch.inference_mode():
         target.forward(torch.randint(0, vocab, (1, P), device=config.device),
                        torch.arange(P, device=config.device).view(1, -1), attend=config.attend)
+        chosen = target.kernels
         try:
             for kernels, tiles in variants(config):
-                set_kernels(kernels)
-                if tiles:
-                    fused.set_tiles(fused.Tiles.parse(tiles))
+                target.kernels = kernels
                 label = f"{kernels} {tiles}" if tiles else kernels
-                for W in config.widths:
-                    tokens = torch.randint(0, vocab, (1, W), device=config.device)
-                    positions = torch.arange(P, P + W, device=config.device).view(1, -1)
+                with tiles_of(parse_tiles(tiles) if tiles else None):
+                    for W in config.widths:
+                        tokens = torch.randint(0, vocab, (1, W), device=config.device)
+                        positions = torch.arange(P, P + W, device=config.device).view(1, -1)
 
-                    def forward(t=tokens, p=positions):
-                        return target.forward(t, p, attend=config.attend).logits
+                        def forward(t=tokens, p=positions):
+                            return target.forward(t, p, attend=config.attend).logits
 
-                    alike = rows_alike(lambda t, p: target.forward(t, p, attend=config.attend).logits,
-                                       tokens, positions)
-                    runs = [("graph" if cuda else "eager", forward)]
-                    if cuda and config.compile:
-                        runs.append(("compiled", compile_step(forward)))
-                    for how, fn in runs:
-                        launched, kernel_ms, top = kernel_count(fn, cuda)
-                        if cuda:
-                            ms = replay_ms(capture_alone(fn), config.repeats)
-                        else:
-                            ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
-                        rows.append(ForwardRow(label, W, how, launched, kernel_ms, ms, alike, top))
-                        print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                        alike = count_rows_alike(lambda t, p: target.forward(t, p, attend=config.attend).logits,
+                                           tokens, positions)
+                        runs = [("graph" if cuda else "eager", forward)]
+                        if cuda and config.compile:
+                            runs.append(("compiled", compile_step(forward)))
+                        for how, fn in runs:
+                            launched, kernel_ms, top = kernel_count(fn, cuda)
+                            if cuda:
+                                ms = replay_ms(capture_alone(fn), config.repeats)
+                            else:
+                                ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
+                            rows.append(ForwardRow(label, W, how, launched, kernel_ms, ms, alike, top))
+                            print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         finally:
-            set_kernels(DEFAULT_KERNELS)
-            fused.set_tiles(fused.Tiles())
+            target.kernels = chosen
     return rows
+
+
+def parse_tiles(text: str):
+    """'default', or the fields that differ from it: 'block_m=64:steps=3' -> demo.kernels.fused.Tiles."""
+    from demo.kernels.fused import MIN_PART, Tiles
+
+    names = [f.name for f in fields(Tiles)]
+    values = {}
+    for item in text.split(":") if text != "default" else ():
+        key, _, value = item.partition("=")
+        if key not in names or not value.isdigit():
+            raise ValueError(f"tiles are 'default' or FIELD=N[:FIELD=N...], FIELD one of {', '.join(names)}, "
+                             f"not {text!r}")
+        values[key] = int(value)
+    t = Tiles(**values)
+    powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.wide_block_n)
+    if min(t.block_m, t.block_n, t.block_k, t.wide_block_n) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
+            or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
+        raise ValueError(f"block_m, block_n, block_k and wide_block_n powers of two of at least {MIN_PART}, "
+                         f"head_split a power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
+    return t
+
+
+@contextmanager
+def tiles_of(tiles):
+    """Every fused launch inside runs `tiles` (None: the default's); graphs captured inside keep them."""
+    from demo.kernels import fused
+
+    saved = fused.TILES
+    fused.TILES = tiles or saved
+    try:
+        yield
+    finally:
+        fused.TILES = saved
 
 
 def variants(config: ForwardConfig) -> list[tuple[str, str | None]]:
@@ -187,7 +219,6 @@ def format_top(rows: list[ForwardRow], n: int) -> str:
 
 
 def parse_args(argv: list[str]) -> ForwardConfig:
-    from demo.kernels.fused import Tiles
     from demo.kernels.runtime import KERNELS
 
     p = argparse.ArgumentParser(prog="python -m demo.perf forward", description=__doc__.split("\n\n")[0])
@@ -212,7 +243,7 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     tiles = tuple(t for t in a.tiles.split(",") if t)
     try:
         for t in tiles:
-            Tiles.parse(t)
+            parse_tiles(t)
     except ValueError as e:
         p.error(str(e))
     widths = tuple(int(w) for w in a.widths.split(",") if w)

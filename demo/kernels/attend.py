@@ -4,12 +4,11 @@ step can afford.
 Every forward of a decoding step attends 1 to a few hundred query rows (a token, a chain's
 verification, a tree's nodes, a drafter's frontier) over the cache's first `attend` slots, as a
 boolean mask allows: causal over slots, or a tree's ancestors at scattered slots. PyTorch's
-``scaled_dot_product_attention`` takes such a mask through cuDNN on an H200, about 13 us a call
-for a tree drafter's 8 rows over 512 slots (docs/runs/2026-12-02-tree-propose-topk.md): a verification
-of the default target pays it 30 times a step.
+``scaled_dot_product_attention`` takes such a mask through cuDNN at a cost of tens of microseconds a
+call, and a verification of the default target pays it once a layer.
 
-``attend`` runs split-slot attention in Triton on a GPU instead, when ``demo.kernels.runtime`` says
-"attention" or "fused" (flash-decoding's scheme): a program takes BLOCK_M query rows of one KV head
+``attend`` runs split-slot attention in Triton on a GPU instead, unless the target's kernels are
+"torch" (``demo.kernels.runtime``; flash-decoding's scheme): a program takes BLOCK_M query rows of one KV head
 (GQA's query heads of a KV head packed as rows, so each K/V block is read once for all of them) and
 SPLIT slots, keeps an online softmax over BLOCK_N-slot blocks, and writes its unnormalised sum with
 its running max and total; a second kernel weighs the splits together, one after another (an empty
@@ -26,17 +25,16 @@ before a tree or a chain: the n-th seen slot is slot n for each) is the same key
 for each of them, so the first of a group of rows takes it for the group, their heads packed as
 rows, and the others skip it (``rows_sharing``): a tree's rows read the text's K/V once a group
 instead of once a row. Target-only's steps and a chain's verification attend in slot order
-too (``ORDERED_ROWS``): on an H200 the packed and the slot-order kernels, compiled apart, round a
-few rows differently on the same keys (6 of a 65-node tree's rows at the default target's shape,
-tests/test_cuda.py), so every row a decoding step computes goes through the one kernel. With every
+too (``ORDERED_ROWS``): the packed and the slot-order kernels, compiled apart, may round a row
+differently on the same keys, so every row a decoding step computes goes through the one kernel. With every
 other kernel computing a row alike at any width (``demo.kernels.fused``), each node's logits are
 target-only's, bit for bit, and a bf16 tree emits target-only's tokens (tests/kernels/test_fused.py in
-Triton's interpreter; tests/test_cuda.py on a GPU). A prefill's rows, wider, are packed.
+Triton's interpreter; tests/gpu/test_attend_gpu.py on a GPU). A prefill's rows, wider, are packed.
 
 The output comes back as a [B, nh, q, hd] view of a [B, q, nh, hd] tensor, the layout the output
 projection reads. The op is a ``torch.library.triton_op``: torch.compile sees its kernels and CUDA
 graphs capture them (and Triton's interpreter runs them on a CPU, for tests). Without Triton, on a
-CPU, for head sizes ``tl.dot`` cannot take, or with ``demo.kernels.runtime`` at "torch", SDPA runs.
+CPU, for head sizes ``tl.dot`` cannot take, or for a target whose kernels are "torch", SDPA runs.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from demo.kernels.runtime import HAVE_TRITON, kernels, triton_on
+from demo.kernels.runtime import HAVE_TRITON, triton_on
 
 if HAVE_TRITON:
     import triton
@@ -56,12 +54,11 @@ ORDERED_ROWS = 256  # forwards of at most this many query rows (every decoding s
 BLOCK_M = 16  # query rows a program takes (fixed: a row's arithmetic never depends on its neighbours)
 BLOCK_N = 64  # slots per inner step
 SPLIT = 128  # slots per program (a multiple of BLOCK_N)
-SHARE_SPLITS = True  # slot order: a split that a group of rows sees whole is one program's (False: one row a program)
 
 
 def rows_sharing(group: int) -> int:
     """Query rows whose heads one slot-order program packs, over a split they all see whole."""
-    return max(1, BLOCK_M // group) if SHARE_SPLITS else 1
+    return max(1, BLOCK_M // group)
 
 
 def triton_runs(q: torch.Tensor) -> bool:
@@ -70,7 +67,7 @@ def triton_runs(q: torch.Tensor) -> bool:
 
 
 def _triton_takes(x: torch.Tensor, hd: int) -> bool:
-    return (kernels() != "torch" and triton_on(x) and 16 <= hd <= 256 and hd & (hd - 1) == 0
+    return (triton_on(x) and 16 <= hd <= 256 and hd & (hd - 1) == 0
             and x.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
@@ -106,14 +103,16 @@ def mask_of(order: torch.Tensor) -> torch.Tensor:
     return seen.scatter_(-1, torch.where(order >= 0, order, order.shape[-1]).long(), True)[..., :-1]
 
 
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+           triton: bool = True) -> torch.Tensor:
     """q: [B, nh, q, hd]; k_cache, v_cache: [B, nkv, S, hd] (nh a multiple of nkv; last dim contiguous);
     mask: [B, 1, q, S] bool (True: the query row sees the slot; slots contiguous), or int32, each row's
-    seen slots in order (``seen_slots``) -> [B, nh, q, hd]."""
+    seen slots in order (``seen_slots``) -> [B, nh, q, hd]. `triton`: the Triton kernels where they
+    run (False: SDPA, the "torch" kernels' reference)."""
     ordered = mask.dtype == torch.int32
-    if ordered and not orders_slots(q, q.shape[-1], q.shape[1] // k_cache.shape[1]):
+    if ordered and not (triton and orders_slots(q, q.shape[-1], q.shape[1] // k_cache.shape[1])):
         mask, ordered = mask_of(mask), False
-    if triton_runs(q):
+    if triton and triton_runs(q):
         q = q if q.stride(-1) == 1 else q.contiguous()
         mask = mask if mask.stride(-1) == 1 else mask.contiguous()
         return torch.ops.speclens.attend(q, k_cache, v_cache, mask).transpose(1, 2)

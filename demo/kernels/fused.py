@@ -24,9 +24,9 @@ place (the op says so, ``mutates_args``).
 
 The projections are ``torch.library.triton_op``s: torch.compile sees their kernels. norm_qkv_rope,
 which writes into the cache, is a plain ``custom_op``: the compiler never traces into it and
-functionalizes its in-place writes as it does PyTorch's own (as a triton_op, a compiled fused chain
-gave other tokens than eager on the H200; `tests/test_cuda.py` holds a compiled fused forward to
-eager's logits and cache, bit for bit). CUDA graphs capture them all. Triton's interpreter runs them
+functionalizes its in-place writes as it does PyTorch's own (traced as a triton_op, a compiled
+fused chain can give other tokens than eager; `tests/gpu/test_fused_gpu.py` holds a compiled fused
+forward to eager's logits and cache, bit for bit). CUDA graphs capture them all. Triton's interpreter runs them
 on a CPU for tests (TRITON_INTERPRET=1).
 """
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from demo.kernels.runtime import HAVE_TRITON, kernels, triton_on
+from demo.kernels.runtime import HAVE_TRITON, triton_on
 
 if HAVE_TRITON:
     import triton
@@ -55,10 +55,10 @@ class Tiles:
     other tiles give other bits, alike at every width). A small target's projections have few output
     columns and a short input, so a program's time is its serial walk over the input; a wide
     verification runs more row tiles, each reading the same weights (the head's 56 MB for the
-    default target, once per 16 rows). The defaults are the quickest measured in the decoding loop
-    on the H200: 128-column input steps, at most three a program, so that a small projection's
-    input is split among programs; the head, too wide to split, 64 columns a program, so that a wide
-    verification reads its rows half as often (docs/PERFORMANCE.md)."""
+    default target, once per 16 rows). The defaults are the quickest in the decoding loop on a GPU:
+    128-column input steps, at most three a program, so that a small projection's input is split
+    among programs; the head, too wide to split, 64 columns a program, so that a wide verification
+    reads its rows half as often (docs/PERFORMANCE.md, "Fused kernels")."""
 
     block_m: int = 16  # rows a program takes
     block_n: int = 32  # output columns a fused_linear program takes
@@ -70,25 +70,6 @@ class Tiles:
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
     wide_block_n: int = 64  # output columns a program takes in a projection too wide to split (the head)
 
-    @classmethod
-    def parse(cls, text: str) -> "Tiles":
-        """'default', or fields that differ from it: 'block_m=64:steps=3' -> Tiles."""
-        values = {}
-        for item in text.split(":") if text != "default" else ():
-            key, _, value = item.partition("=")
-            if key not in cls.__dataclass_fields__ or not value.isdigit():
-                raise ValueError(f"tiles are 'default' or FIELD=N[:FIELD=N...], FIELD one of "
-                                 f"{', '.join(cls.__dataclass_fields__)}, not {text!r}")
-            values[key] = int(value)
-        t = cls(**values)
-        powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.wide_block_n)
-        if min(t.block_m, t.block_n, t.block_k, t.wide_block_n) < MIN_PART \
-                or any(v < 1 or v & (v - 1) for v in powers) \
-                or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
-            raise ValueError(f"block_m, block_n, block_k and wide_block_n powers of two of at least {MIN_PART}, "
-                             f"head_split a power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
-        return t
-
     def __str__(self) -> str:
         default = Tiles()
         changed = [f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__
@@ -96,20 +77,14 @@ class Tiles:
         return ":".join(changed) or "default"
 
 
-TILES = Tiles()
+TILES = Tiles()  # the grid every launch reads (the bench's tile sweeps put others here, demo/bench/perf_forward.py)
 COUNTERS_AT_LEAST = 8192  # a weight's split counters: tiles enough for a 2,048-row prefill of the default target
 SPLIT_BELOW = 256  # a projection of fewer column tiles than this splits its input (Tiles.steps): not the head
 
 
-def set_tiles(tiles: Tiles) -> None:
-    """Pick the grid every later fused launch uses (graphs captured before keep theirs)."""
-    global TILES
-    TILES = tiles
-
-
 def fused_runs(x: torch.Tensor, act) -> bool:
     """Whether a layer over x ([B, q, H]) with activation `act` takes the fused kernels."""
-    return kernels() == "fused" and triton_on(x) and x.dtype in DTYPES and act is F.silu
+    return triton_on(x) and x.dtype in DTYPES and act is F.silu
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

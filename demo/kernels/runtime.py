@@ -1,17 +1,14 @@
-"""Which kernels the forwards run on a GPU: one setting for the process, read when a forward runs
-(so a graph captured or a step compiled after a change runs the new choice).
+"""Where the Triton kernels can run, and which kernels a target's forwards run (``Target(kernels=)``):
 
-    fused      demo.kernels.attend's attention and demo.kernels.fused's layer kernels: RMSNorm in the projection that
-               follows it, RoPE and the cache write in q/k/v's, SiLU-and-multiply in gate/up's, the
-               residual in o_proj's and down's; each row computed alike whatever the forward's width.
-               The default: on the H200 the verification forward replays in 1.21 ms against 1.82
-               for PyTorch's layers compiled, and a chain of 7 decodes ShareGPT at 2395.7 tokens/s
-               against 1722.2 with PyTorch's layers compiled the day before (docs/RESULTS.md D15 to D17)
-    attention  demo.kernels.attend's Triton attention; PyTorch (cuBLAS, inductor) for the rest
-    torch      PyTorch throughout (SDPA's attention)
+    fused  demo.kernels.attend's attention and demo.kernels.fused's layer kernels: RMSNorm in the
+           projection that follows it, RoPE and the cache write in q/k/v's, SiLU-and-multiply in
+           gate/up's, the residual in o_proj's and down's; each row computed alike whatever the
+           forward's width. The default, and what the app runs (docs/PERFORMANCE.md, "Kernels").
+    torch  PyTorch throughout (SDPA's attention): the reference the fused path is tested against,
+           and a bench row beside it (``python -m demo.bench --kernels torch``).
 
-On a CPU every choice runs PyTorch (Triton's interpreter, TRITON_INTERPRET=1, runs the Triton ones
-there for tests).
+On a CPU both run PyTorch (Triton's interpreter, TRITON_INTERPRET=1, runs the Triton kernels there
+for tests).
 """
 
 from __future__ import annotations
@@ -19,25 +16,19 @@ from __future__ import annotations
 import importlib.util
 import os
 
-KERNELS = ("attention", "fused", "torch")
+KERNELS = ("fused", "torch")
 DEFAULT_KERNELS = "fused"
-_current = DEFAULT_KERNELS
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # a CPU-only install may lack it
 # Triton's interpreter (read when Triton is imported) runs the kernels on CPU tensors
 INTERPRETED = HAVE_TRITON and os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def set_kernels(name: str) -> None:
-    """Pick the kernels every later forward runs."""
-    global _current
+def check_kernels(name: str) -> str:
+    """`name` if it is one of KERNELS; else a ValueError that lists them."""
     if name not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}, not {name!r}")
-    _current = name
-
-
-def kernels() -> str:
-    return _current
+    return name
 
 
 def triton_on(tensor) -> bool:

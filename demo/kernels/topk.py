@@ -1,9 +1,9 @@
 """Top-k of each row of a vocabulary-wide table, in launches a captured step can afford.
 
 ``torch.topk`` over a row of tens of thousands of entries takes CUDA's multi-block radix select,
-about ten kernels a call (on the H200, about 330 of the 871 us the compiled drafting of a tree of
-depth 7 and top-8 spent on its kernels went to its seven calls); over many narrow slices its
-single-block select is no faster (285 us). On a GPU, ``row_topk`` runs two Triton launches instead:
+about ten kernels a call, and a tree's drafting calls it once a depth; over many narrow slices its
+single-block select is no faster (docs/PERFORMANCE.md, "Draft trees"). On a GPU, ``row_topk`` runs
+two Triton launches instead:
 each program takes one BLOCK-wide slice of a row and picks its k largest by k rounds of max (the
 largest entry, the lowest position among equals), then one program per row does the same over the
 slices' picks; a row of at most BLOCK entries takes the second pass alone. Exact: each of a row's

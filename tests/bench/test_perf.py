@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig
-from demo.bench.perf import PHASES, format_profile, profile_step
+from demo.bench.perf import format_profile, profile_step
+from demo.config import GenerationConfig, TreeShape
+from demo.engine import PHASES, Engine
 from demo.target import Target
-from demo.tree import TreeShape
 from tests.tiny import tiny_drafter, tiny_hf
 
 
@@ -92,8 +92,8 @@ def test_the_profile_compiles_the_phases_the_engine_compiles():
         assert compiled == {False: set(), "drafter": drafter_phases | {"accept"}, "all": set(PHASES)}[scope]
 
 
-def test_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_forward():
-    from demo.bench.perf_forward import rows_alike
+def test_count_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_forward():
+    from demo.bench.perf_forward import count_rows_alike
 
     def forward(tokens, positions):  # [1, W] -> [1, W, 5]; a wide pass rounds its third row otherwise
         logits = (tokens.float() + positions.float())[..., None].repeat(1, 1, 5)
@@ -102,8 +102,8 @@ def test_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_fo
         return logits
 
     tokens = torch.tensor([[3, 1, 4, 1, 5]])
-    assert rows_alike(forward, tokens, torch.arange(10, 15).view(1, -1)) == 4
-    assert rows_alike(forward, tokens[:, :1], torch.tensor([[10]])) == 1
+    assert count_rows_alike(forward, tokens, torch.arange(10, 15).view(1, -1)) == 4
+    assert count_rows_alike(forward, tokens[:, :1], torch.tensor([[10]])) == 1
 
 
 def test_perf_forward_gives_a_row_per_kernels_choice_and_width_with_the_verification_forwards_rows_alike():

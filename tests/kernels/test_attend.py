@@ -1,6 +1,6 @@
 """demo.kernels.attend: split-slot attention over a static cache with a boolean mask. The kernels run here
 under Triton's interpreter (numpy on the CPU, in a process started with TRITON_INTERPRET=1: Triton
-reads it when it is imported); tests/test_cuda.py runs them compiled and captured on a GPU."""
+reads it when it is imported); tests/gpu/test_attend_gpu.py runs them compiled and captured on a GPU."""
 
 from types import SimpleNamespace
 
@@ -154,47 +154,29 @@ def _cuda_query(hd):  # what triton_runs reads of a query on a GPU
     return SimpleNamespace(shape=(1, 4, 2, hd), is_cuda=True, dtype=torch.bfloat16)
 
 
-def test_kernels_setting_refuses_an_unknown_name_and_torch_turns_the_kernels_off():
-    from demo.kernels import runtime as kernels_module
+def test_a_target_refuses_an_unknown_kernels_choice_and_the_torch_choice_keeps_its_drafter_off_triton():
+    from demo.target import Target
+    from tests.tiny import tiny_drafter, tiny_hf
 
     with pytest.raises(ValueError, match="must be one of"):
-        kernels_module.set_kernels("flash")
-    q = _cuda_query(64)
-    assert kernels_module.kernels() == kernels_module.DEFAULT_KERNELS
-    try:
-        kernels_module.set_kernels("torch")
-        assert not attend_module.triton_runs(q)
-        for name in ("attention", "fused"):
-            kernels_module.set_kernels(name)
-            assert attend_module.triton_runs(q)
-        assert not attend_module.triton_runs(_cuda_query(48))  # tl.dot takes powers of two
-    finally:
-        kernels_module.set_kernels(kernels_module.DEFAULT_KERNELS)
+        Target(tiny_hf("llama"), kernels="flash")
+    assert attend_module.triton_runs(_cuda_query(64))
+    assert not attend_module.triton_runs(_cuda_query(48))  # tl.dot takes powers of two
+    for kernels, triton in (("fused", True), ("torch", False)):
+        target = Target(tiny_hf("llama"), kernels=kernels)
+        drafter = tiny_drafter("eagle3", target)
+        drafter.share_target(target)
+        assert drafter.triton is triton  # the drafter attends as its target does
 
 
-def check_engine_lossless() -> None:
-    """Whole generations through the kernels (interpreted): chains and trees, EAGLE and EAGLE-3
-    drafters, give transformers' greedy tokens (tiny fp32 targets, head size 16)."""
-    from demo.engine import Engine
-    from demo.tree import TreeShape
-    from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
-    from demo.target import Target
-
-    prompt = [1, 17, 99, 4, 250, 31, 8]
-    hf = tiny_hf("llama", num_hidden_layers=3)  # few layers: the interpreter is slow
-    ref = hf_greedy(hf, prompt, 20)
-    target = Target(hf)
-    for method, k, tree in (("none", 0, None), ("eagle", 3, None), ("eagle3", 3, TreeShape(3, 8))):
-        drafter = tiny_drafter(method, target) if method != "none" else None
-        engine = Engine(target, drafter, max_context=64)
-        tokens, _ = run(engine, prompt, max_new_tokens=20, num_spec_tokens=k, tree=tree, stop_token_ids=())
-        assert tokens == ref, method
-
-
-def test_generations_through_the_kernels_keep_target_greedy_tokens():
-    code = ("from demo import kernels\nassert kernels.INTERPRETED\nkernels.set_kernels('attention')\n"
-            "import tests.kernels.test_attend as t\nt.check_engine_lossless()\nprint('checked')")
-    run_interpreted(code)
+def test_the_torch_choice_attends_through_sdpa_even_where_the_triton_kernels_run(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 16, generator=g) for _ in range(3))
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
+    monkeypatch.setattr(attend_module, "triton_runs", lambda q: True)  # as on a GPU
+    monkeypatch.setattr(torch.ops, "speclens", SimpleNamespace(attend=lambda *a: pytest.fail("Triton attention ran")))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(attend_module.attend(q, k, v, mask, triton=False), expected)
 
 
 def test_seen_slots_lists_each_rows_seen_slots_in_order_and_mask_of_gives_the_mask_back():

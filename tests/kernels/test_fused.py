@@ -1,6 +1,6 @@
 """demo.kernels.fused: a decoder layer's projections as fused kernels, each row computed alike whatever the
 width. The kernels run here under Triton's interpreter, in fp32 (numpy on the CPU, in a process
-started with TRITON_INTERPRET=1); tests/test_cuda.py runs them in bf16, compiled and captured."""
+started with TRITON_INTERPRET=1); tests/gpu/test_fused_gpu.py runs them in bf16, compiled and captured."""
 
 from types import SimpleNamespace
 
@@ -34,7 +34,7 @@ def check_ops() -> None:
              (40, 576, 40, fused.Tiles()),  # a split input over 3 row tiles, each counting its splits
              (13, 64, 4100, fused.Tiles(block_n=16, wide_block_n=64)))  # too wide to split: the head's own tiles
     for R, K, N, tiles in cases:
-        fused.set_tiles(tiles)
+        fused.TILES = tiles  # this process's every later launch (what demo.bench.perf_forward.tiles_of does)
         x = torch.randn(R, K, generator=g)
         norm = SimpleNamespace(weight=1 + 0.1 * torch.randn(K, generator=g), variance_epsilon=1e-5)
         w = torch.randn(N, K, generator=g) / K ** 0.5
@@ -71,7 +71,7 @@ def check_qkv_rope() -> None:
 
     for hd, tiles in ((32, fused.Tiles()), (64, fused.Tiles(block_m=32, head_split=2, num_warps=2, block_k=32)),
                       (32, fused.Tiles(block_k=16, steps=1))):
-        fused.set_tiles(tiles)
+        fused.TILES = tiles
         check_qkv_rope_of(hd)
 
 
@@ -114,12 +114,10 @@ def check_tree_rows() -> None:
     1-row target-only steps give the same tokens along its path: the rows are computed alike at any
     width, and the tree's attention sums each node's ancestors in slot order (demo.kernels.attend.seen_slots),
     as target-only sums the path. Heads of 32: RoPE and the cache write in the projection's kernel."""
-    from demo.kernels.runtime import set_kernels
     from demo.target import Target
     from demo.tree import tree_attention_mask
     from tests.tiny import tiny_hf
 
-    set_kernels("fused")
     parents = torch.tensor([0, 0, 0, 1, 1, 2, 3, 5, 6])  # node 0: the root; ids grow with depth
     depth = [0]
     for p in parents[1:].tolist():
@@ -127,9 +125,7 @@ def check_tree_rows() -> None:
     n, root, S = parents.shape[0], 124, 256  # the tree crosses the attention's split edge at 128
     target = Target(tiny_hf("llama", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
     assert target.rows_alike()  # so 1-row target-only is the exact reference (demo.engine.target_only_width)
-    set_kernels("attention")
-    assert not target.rows_alike()  # PyTorch's projections round by the row count
-    set_kernels("fused")
+    assert not Target(target.hf, kernels="torch").rows_alike()  # PyTorch's projections round by the row count
     target.setup_cache(S)
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(3, 256, (1, root), generator=g)
@@ -155,11 +151,10 @@ def check_generations() -> None:
     """Whole generations through the fused layers (and the fused head) give transformers' greedy
     tokens: target-only, a chain and a tree (its mask put in slot order as it is drafted) on Llama;
     target-only on Qwen2 (q/k/v biases) and Qwen3 (q/k norms: RoPE outside the projection's kernel)."""
-    from demo.kernels import fused
+    from demo.config import TreeShape
     from demo.engine import Engine
-    from demo.kernels.runtime import set_kernels
+    from demo.kernels import fused
     from demo.target import Target
-    from demo.tree import TreeShape
     from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
 
     calls = []  # the fused layers ran: every forward ends in the fused head
@@ -167,7 +162,6 @@ def check_generations() -> None:
     import demo.target
     demo.target.norm_linear = lambda *a: calls.append(1) or original(*a)
     prompt = [1, 17, 99, 4, 250, 31, 8]
-    set_kernels("fused")
     runs = (("none", 0, None), ("eagle", 3, None), ("eagle3", 3, TreeShape(3, 8)))
     for kind in ("llama", "qwen2", "qwen3"):  # three layers (EAGLE-3 reads three): the interpreter is slow
         # heads of 32 (Llama, Qwen2: RoPE in the projection's kernel); Qwen3's q/k norms take it apart
@@ -204,13 +198,8 @@ def test_generations_through_the_fused_layers_keep_target_greedy_tokens():
 
 def test_on_a_cpu_the_fused_layers_never_run():
     from demo.kernels.fused import fused_runs
-    from demo.kernels.runtime import DEFAULT_KERNELS, set_kernels
     from demo.target import Target
     from tests.tiny import tiny_hf
 
-    try:
-        set_kernels("fused")
-        assert not fused_runs(torch.zeros(1, 2, 64), F.silu)  # a CPU tensor, no interpreter
-        assert not Target(tiny_hf("llama").to(torch.bfloat16)).rows_alike()  # so bf16 checks stay padded
-    finally:
-        set_kernels(DEFAULT_KERNELS)
+    assert not fused_runs(torch.zeros(1, 2, 64), F.silu)  # a CPU tensor, no interpreter
+    assert not Target(tiny_hf("llama").to(torch.bfloat16)).rows_alike()  # so bf16 checks stay padded

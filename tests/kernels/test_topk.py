@@ -1,6 +1,6 @@
 """demo.kernels.topk: each row's k largest entries in two Triton passes. The kernel runs here under
 Triton's interpreter (numpy on the CPU, in a process started with TRITON_INTERPRET=1: Triton
-reads it when it is imported); tests/test_cuda.py runs it compiled and captured on a GPU."""
+reads it when it is imported); tests/gpu/test_topk_gpu.py runs it compiled and captured on a GPU."""
 
 
 import pytest
