@@ -32,46 +32,24 @@ from typing import Callable, Iterator
 
 import torch
 
+from demo.config import TREE_SCRATCH, DraftShape, GenerationConfig, SamplingParams
+from demo.kernels.topk import row_topk
 from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
-from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
+from demo.sampling import ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
-from demo.kernels.topk import row_topk
-from demo.tree import (TREE_SCRATCH, DraftShape, DraftTree, TreeShape, compact_path, draft_tree,
-                       tree_attention_mask, tree_seen_slots)
+from demo.tree import DraftTree, compact_path, draft_tree, tree_attention_mask, tree_seen_slots
 from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q
-
-
-@dataclass
-class GenerationConfig:
-    max_new_tokens: int = 256
-    num_spec_tokens: int = 3  # k: drafts per step, or a tree's depth; 0: target-only through the same engine
-    tree: TreeShape | None = None  # None: a chain of k drafts
-    draft_sampling: str = "pointmass"  # at T > 0, see demo.methods.DRAFT_SAMPLING
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] | None = None  # None: the target's eos ids
-    target_only_width: int = 1  # k = 0: rows of each forward, the first real (see target_only_width())
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_p)
-
-    def draft_shape(self, k: int) -> DraftShape:
-        """What a step drafts with k drafts per step (k = 0: none)."""
-        return DraftShape.of(k, self.tree, sampled=self.draft_sampling == "q" and not self.sampling.greedy,
-                             width=self.target_only_width)
 
 
 def target_only_width(shape: DraftShape, dtype: torch.dtype, rows_alike: bool = False) -> int:
     """The rows target-only decoding runs at to be the exact reference of a speculative run of
-    `shape`: in fp32 one (every width rounds alike on the machines measured), in bf16 or fp16 the
+    `shape`: in fp32 one (every width rounds alike closely enough to keep greedy ties), in bf16 or fp16 the
     verification's width, unless the target computes every decoding row alike at any width (`rows_alike`,
     ``Target.rows_alike``): then one. A GPU's (and a CPU's) kernels compute a row the same whatever
     its index and the other rows, but not whatever the row count: a 1-row step and an 8-row
-    verification round differently and flip greedy near-ties (1 prompt in 20 identical on the H200
-    in bf16). At the same width a chain's every token is computed as target-only computes it. A
+    verification round differently and flip greedy near-ties (in bf16 most replies of a few hundred
+    tokens meet one). At the same width a chain's every token is computed as target-only computes it. A
     tree's are not quite: a node attends to its ancestors at scattered slots, so its sums run in
     another order. With demo.kernels.fused's kernels (a GPU's default) every width rounds a row alike and
     every decoding row attends in slot order (demo.kernels.attend): there the 1-row run is the reference,
@@ -101,6 +79,7 @@ class StepEvent:
     draft_top: list[list[tuple[int, float]]] | None = None
 
 
+PHASES = ("project", "catch_up", "draft", "verify", "accept")  # a step's, in order (Engine.step_phases)
 TOP_SHOWN = 5  # candidates per position an event carries for inspection (the target's, a chain drafter's)
 PREFILL_MIN_BUCKET = 64  # a GPU runs a prompt at the next power of two from this (at most the context)
 ATTEND_ROUND = 64  # a CPU attends over the cache slots in use, rounded up to a multiple of this
@@ -192,8 +171,7 @@ def compile_step(fn: Callable[[], object]):
     """torch.compile a step function before capture: static shapes, one graph, and eager's rounding
     points kept (inductor's emulate_precision_casts rounds fused intermediates to the tensor dtype
     where eager would), so that compiling changes time, not tokens. Without it, fused bf16 norms keep
-    fp32 intermediates and flip argmax near-ties (measured on the H200: 2 of 8 prompts kept eager's
-    tokens, acceptance length 3.5 % lower).
+    fp32 intermediates and flip argmax near-ties: the tokens move, and acceptance with them.
 
     Each call compiles a function with a code object of its own. Dynamo keys compiled code, and its
     recompile limit (8), on the code object, and every engine's steps are closures of the same few
@@ -235,8 +213,8 @@ class CapturedStep:
         self.graph = torch.cuda.CUDAGraph()
         # no garbage collection while capturing (as SGLang's capture freezes it): a collection there
         # frees what an earlier engine left in reference cycles, its graphs and pinned buffers, and
-        # such CUDA calls are not allowed during a capture (on the H200 a GPU test failed now and
-        # then with "operation failed due to a previous error during capture")
+        # such CUDA calls are not allowed during a capture ("operation failed due to a previous error
+        # during capture")
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -258,15 +236,13 @@ class Engine:
     """Target plus optional drafter, run eagerly or from CUDA graphs captured before generation."""
 
     def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool | str = False,
-                 max_context: int = 2048, pad_prefill: bool | None = None, drafter_dtype: torch.dtype | None = None):
+                 max_context: int = 2048, drafter_dtype: torch.dtype | None = None):
         """compile: False; "drafter" or True (the drafter's captured steps, as in the vLLM change
         this project comes from, and the greedy acceptance test, which takes argmaxes and moves
         state, exact compiled or not: the target's forward keeps eager's numerics, so the output
         stays eager's token for token and only drafting time can move); or "all" (every captured
         step, the target's forward too: fastest, but the target's rounding changes, so the text may
         move at near-ties).
-
-        pad_prefill: run prompts padded to their bucket (``prefill_rows``); None: on a GPU.
 
         drafter_dtype: what the drafter computes in; None: the target's. Drafts never change the
         output, only how many are accepted (``demo.drafter_common.drafter_dtype`` picks bf16 beside
@@ -284,7 +260,8 @@ class Engine:
         self.mode = mode
         self.compile = compile
         self.max_context = min(max_context, target.config.max_position_embeddings)
-        self.pad_prefill = target.device.type == "cuda" if pad_prefill is None else pad_prefill
+        # a GPU runs every prompt padded to its bucket (prefill_rows), in eager mode as in graph mode
+        self.pad_prefill = target.device.type == "cuda"
         self.eos_token_ids = target.eos_token_ids
         self._buffers: dict[DraftShape, StepBuffers] = {}
         self.capture_s = 0.0  # time spent capturing (and compiling) graphs, reported separately
@@ -335,7 +312,7 @@ class Engine:
         shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
         b = self._buffers.get(shape) or self._allocate(shape)
         if self.mode == "cudagraph":
-            reach = self.max_context if used is None else self._attended(used)
+            reach = self.max_context if used is None else self.attended(used)
             # a step attends over at least one prompt token, the token before it and its own rows:
             # a smaller bucket is never chosen, and its capture would write past its cache views
             least = shape.width + 2
@@ -408,7 +385,7 @@ class Engine:
         if first:
             # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
             # whose graphs were all released (a drafter swap drops them) trips the CUDA caching
-            # allocator's assert, as the batched generator found on the H200
+            # allocator's assert
             self.target.stack_weights()  # compiled code reads the stacks made before it (demo.layers.stacked)
             if self.drafter is not None:
                 self.drafter.stack_weights()
@@ -456,7 +433,7 @@ class Engine:
         if first:
             for size in self.prefill_buckets():
                 b.graphs[f"prefill{size}"] = captured(
-                    lambda size=size: self._prefill_forward(b, size, self._attended(size)))
+                    lambda size=size: self._prefill_forward(b, size, self.attended(size)))
         restore()
 
     def compiles(self, phase: str) -> bool:
@@ -472,7 +449,7 @@ class Engine:
     # These read and write only persistent buffers and caches, and never sync with the host.
     def _verify_forward(self, b: StepBuffers, attend: int | None = None):
         """Target forward over [last token, drafts]; returns (logits [1,W,V], features [1,W,F]).
-        attend: the cache slots to attend over (``_attended``), None: all."""
+        attend: the cache slots to attend over (``attended``), None: all."""
         feats = self._features_of(b.k)
         tree = b.tree
         out = self.target.forward(b.verify_tokens, b.verify_positions, aux_layers=feats or (),
@@ -480,7 +457,7 @@ class Engine:
                                   attend=attend)
         return out.logits, (out.aux if feats else out.hidden)
 
-    def _attended(self, used: int) -> int:
+    def attended(self, used: int) -> int:
         """The cache slots a forward attends over, given `used` (every slot its queries may see or
         write): on a CPU those, rounded up to ATTEND_ROUND (attending over the whole cache cost a
         1-token forward of the default target on 2 cores about as much as its weights at a 2,048-token
@@ -505,7 +482,7 @@ class Engine:
     def _propose(self, b: StepBuffers, attend: int | None = None):
         """The drafter's part of a step: project the features the last verification (or the prefill)
         staged, catch up on its emitted tokens, then draft the chain or tree. attend: as the target's
-        (``_attended``), None: the whole context."""
+        (``attended``), None: the whole context."""
         b.catch_hidden.copy_(self.drafter.project(b.catch_features))
         self._catch_up(b, attend)
         if b.tree is not None:
@@ -560,6 +537,30 @@ class Engine:
         tb.q_row.copy_(draft.q_row)
         if tb.q is not None:  # the drafter's q over the target vocabulary, for the acceptance test
             tb.q.zero_().index_copy_(1, tb.draft_to_target, draft.q)
+
+    def step_phases(self, b: StepBuffers, params: SamplingParams = SamplingParams(), generator=None) -> dict:
+        """A decoding step of b's shape as its phases, in step order: name (PHASES) -> a function over
+        b's persistent buffers, run as the step runs it, eagerly (what demo/bench/perf.py times one by
+        one). "accept" reads the last "verify"'s output and moves the state on by one step."""
+        attend = self.attended(self.last_slot(b) + 1)
+        fns = {}
+        if b.k:
+            fns["project"] = lambda: b.catch_hidden.copy_(self.drafter.project(b.catch_features))
+            fns["catch_up"] = lambda: self._catch_up(b, attend)
+            fns["draft"] = (lambda: self._draft_tree(b, attend)) if b.tree is not None else (lambda: self._chain(b, attend))
+        verified = []  # the last verification's (logits, features), which the acceptance test reads
+
+        def verify():
+            verified[:] = [self._verify_forward(b, attend)]
+        fns["verify"] = verify
+        accept = self._acceptance(b)
+        fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
+        return fns
+
+    @staticmethod
+    def last_slot(b: StepBuffers) -> int:
+        """The last cache slot b's staged verification writes (a host read: for measurement only)."""
+        return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
 
     def _acceptance(self, b: StepBuffers):
         """The acceptance test of b's shape: a tree's or a chain's."""
@@ -687,7 +688,7 @@ class Engine:
         previous = generated - (k + 1)
         while not done:
             step += 1
-            attend = self._attended(len(prompt_ids) + previous + k + 1 + shape.width)
+            attend = self.attended(len(prompt_ids) + previous + k + 1 + shape.width)
             previous = generated
             if b.lanes:
                 if not ahead:
@@ -697,7 +698,7 @@ class Engine:
                 # might not fit the context); a step ending on a stop token wastes the one ahead
                 ahead = generated + k + 1 < gen.max_new_tokens
                 if ahead:
-                    ahead_lane = b.lanes[self._attended(len(prompt_ids) + generated + k + 1 + shape.width)][lane]
+                    ahead_lane = b.lanes[self.attended(len(prompt_ids) + generated + k + 1 + shape.width)][lane]
                     self._launch(b, ahead_lane, params, generator)
                 current.copied.synchronize()  # the one device-to-host sync of this step
                 packed = current.host.tolist()
@@ -770,7 +771,7 @@ class Engine:
         b.prefill_ids[0, P:rows].zero_()
         b.prefill_last.fill_(P - 1)
         graph = b.graphs.get(f"prefill{rows}")
-        logits = (graph() if graph is not None else self._prefill_forward(b, rows, self._attended(rows)))[0]  # [1, V]
+        logits = (graph() if graph is not None else self._prefill_forward(b, rows, self.attended(rows)))[0]  # [1, V]
         probs = target_probs(logits, params)
         if params.greedy:
             token = logits.argmax(-1)  # [1]

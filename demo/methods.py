@@ -2,23 +2,19 @@
 limit on k, and the labels the UI, the bench and the reports print for them.
 
 - method: "none" (the target alone), "eagle" (EAGLE-1) or "eagle3" (EAGLE-3): which drafter
-  proposes; ``DRAFTER_CLASSES`` maps each drafting method to its module.
+  proposes (demo/drafters.py maps each drafting method to its class).
 - mode: "eager" (every step runs op by op) or "cudagraph" (each step replays CUDA graphs captured
   before the first request); graph mode changes nothing but time.
 - compile scope: what ``--compile`` compiles before capture, the drafter's steps or all of them.
-- draft shape: a chain of k drafts, or a tree of depth k (demo/tree.py); draft sampling: how
+- draft shape: a chain of k drafts, or a tree of depth k (demo/config.py); draft sampling: how
   drafts are drawn at T > 0.
+
+Plain names only (no torch): the service, the bench and the UI read them without the engine.
 """
 
 from __future__ import annotations
 
-import torch
-
-from demo.drafter_eagle import EagleDrafter
-from demo.drafter_eagle3 import Eagle3Drafter
-
-DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
-DRAFT_METHODS = tuple(DRAFTER_CLASSES)  # ("eagle", "eagle3")
+DRAFT_METHODS = ("eagle", "eagle3")
 METHODS = ("none",) + DRAFT_METHODS
 METHOD_LABELS = {"none": "target only", "eagle": "EAGLE", "eagle3": "EAGLE-3"}
 
@@ -48,6 +44,6 @@ def mode_label(mode: str, compile_scope: str | bool | None = None) -> str:
     return mode + (f"+compile({compile_scope})" if compile_scope else "")
 
 
-def dtype_label(dtype: torch.dtype) -> str:
+def dtype_label(dtype) -> str:
     """"bfloat16" for torch.bfloat16."""
     return str(dtype).removeprefix("torch.")

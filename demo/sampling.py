@@ -15,21 +15,10 @@ These run on the device without host syncs; the engine reads the results once pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from demo.config import SamplingParams
 from demo.kernels.topk import row_topk
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -35,99 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from demo.config import DraftShape
 from demo.kernels.topk import row_topk
-
-# Drafter cache slots reserved past the context for frontier nodes ((depth - 1) * topk of them).
-TREE_SCRATCH = 512
-MAX_TREE_TOPK = 32
-MAX_DRAFT_TOKENS = 256  # verified per step, the root included
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """A request's tree: children per expanded node and tokens verified per step (root included,
-    as SGLang counts them); 0 verifies every candidate. The depth is the request's k."""
-
-    topk: int = 4
-    num_draft_tokens: int = 0
-
-
-# The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
-# (k, tree or None for a chain), the app's default (docs/RESULTS.md, "Draft trees"): on an H200 in
-# graph mode with the fused kernels, tree 7 x 8, 64 (2745.4 tokens/s on the categories set against
-# 2696.6 for 8 x 8, 64 and 2166.1 for the best chain, RESULTS.md D24c; on ShareGPT within 0.3 % of
-# the best tree measured, D17); on 2 CPU cores, where verification grows with the width, a chain
-# of 3 (29.3 tokens/s against 27.9 for the best tree measured, depth 4, top-2, 8 tokens, which the
-# tree settings start from; with prepacked weights the two ran within the machine's noise of each
-# other, RESULTS.md C6).
-DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64)), "cpu": (3, None)}
-DEFAULT_TREES = {"cuda": TreeShape(8, 64), "cpu": TreeShape(2, 8)}
-
-
-def default_draft(device_type: str) -> tuple[int, "TreeShape | None"]:
-    """(k, tree) to offer first on a device ("cuda", "cpu", ...); tree None: a chain of k."""
-    return DEFAULT_DRAFTS.get(device_type, DEFAULT_DRAFTS["cpu"])
-
-
-def default_tree(device_type: str) -> "TreeShape":
-    """The tree to offer when a visitor picks a tree: the fastest tree measured on the device."""
-    return DEFAULT_TREES.get(device_type, DEFAULT_TREES["cpu"])
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N
-    (root excluded), drafts sampled from q or the drafter's top choices, and tree machinery or the
-    plain chain (a chain is the tree K = 1, N = D). Target-only (D = 0) may verify `pad` padding
-    rows after its one token: run at a speculative shape's width, it computes every token as that
-    shape's verification does (``target_only_width``)."""
-
-    depth: int
-    topk: int = 1
-    nodes: int = 0
-    sampled: bool = False
-    tree: bool = False
-    pad: int = 0
-
-    @classmethod
-    def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1) -> "DraftShape":
-        """The shape of a request: a chain of k, or a tree of depth k (sampled drafts need the tree
-        machinery, and verify every candidate); k = 0: target-only, its forwards `width` rows wide."""
-        if k == 0:
-            return cls(0, pad=width - 1)
-        if tree is None and not sampled:
-            return cls(k, 1, k)
-        topk = tree.topk if tree is not None else 1
-        full = topk + (k - 1) * topk * topk
-        nodes = full if sampled or tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
-        return cls(k, topk, nodes, sampled, True)
-
-    @property
-    def candidates(self) -> int:
-        """Nodes drafted before pruning: K at depth 1, then K * K per further depth."""
-        return self.topk + (self.depth - 1) * self.topk * self.topk
-
-    @property
-    def width(self) -> int:
-        """Rows of the target's forward each step: the root, the draft nodes (and any padding)."""
-        return self.nodes + 1 + self.pad
-
-    def check(self) -> None:
-        if self.pad < 0:
-            raise ValueError(f"a target-only step runs at least 1 row wide, not {self.pad + 1}")
-        if self.pad and self.depth:
-            raise ValueError(f"only target-only steps are padded, not a shape of depth {self.depth}")
-        if self.width > MAX_DRAFT_TOKENS:
-            raise ValueError(f"a step verifies at most {MAX_DRAFT_TOKENS} tokens, not {self.width}")
-        if not self.tree:
-            return
-        if not 1 <= self.topk <= MAX_TREE_TOPK:
-            raise ValueError(f"tree top-k must be in 1..{MAX_TREE_TOPK}, not {self.topk}")
-        if not self.depth <= self.nodes <= self.candidates:
-            raise ValueError(f"a tree of depth {self.depth} and top-k {self.topk} verifies {self.depth + 1} to "
-                             f"{self.candidates + 1} tokens (root included), not {self.nodes + 1}")
-        if (self.depth - 1) * self.topk > TREE_SCRATCH:
-            raise ValueError(f"depth {self.depth} x top-k {self.topk} needs more than {TREE_SCRATCH} drafter slots")
 
 
 @dataclass
@@ -255,8 +164,8 @@ def best_in_order(scores: torch.Tensor, n: int) -> torch.Tensor:
     """scores [M] -> [n] int64: the indices of the n largest scores, in index order; among equal
     scores the lower index wins (what the first n of a stable descending sort keep). Each index's
     rank is the number of indices that sort before it, so no sort runs: a compiled step makes it
-    one reduction, a cumulative sum and a scatter (a sort of a few hundred scores took 14.8 us on
-    the H200, one Triton program)."""
+    one reduction, a cumulative sum and a scatter (a sort of a few hundred scores is one slow
+    single-program launch on a GPU)."""
     M = scores.shape[0]
     at = torch.arange(M, device=scores.device)
     if M > RANK_MAX_CANDIDATES:

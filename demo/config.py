@@ -1,0 +1,135 @@
+"""What a generation asks for, as plain dataclasses (no torch here, so the service, the bench and the
+UI read a request's shape and limits without loading the engine):
+
+- ``SamplingParams``: temperature and top-p (T = 0: greedy);
+- ``TreeShape``: a request's draft tree, in SGLang's terms (children per node, tokens verified);
+- ``DraftShape``: what one decoding step drafts, derived from k and the tree: a chain, a tree, or
+  nothing (target only), and how many rows the target verifies;
+- ``GenerationConfig``: the engine's settings for one generation;
+- the draft shape each device offers first (``default_draft``, ``default_tree``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TREE_SCRATCH = 512  # drafter cache slots reserved past the context for a tree's frontier rows ((depth - 1) * topk)
+MAX_TREE_TOPK = 32
+MAX_DRAFT_TOKENS = 256  # verified per step, the root included
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A request's tree: children per expanded node and tokens verified per step (root included,
+    as SGLang counts them); 0 verifies every candidate. The depth is the request's k."""
+
+    topk: int = 4
+    num_draft_tokens: int = 0
+
+
+# The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
+# (k, tree or None for a chain): on a GPU in graph mode a wide tree, whose verification costs little
+# more than a chain's; on a CPU, where verification grows with every row, a chain of 3. Trees a
+# visitor picks start from DEFAULT_TREES. docs/RESULTS.md ("Draft shapes") has the figures.
+DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64)), "cpu": (3, None)}
+DEFAULT_TREES = {"cuda": TreeShape(8, 64), "cpu": TreeShape(2, 8)}
+
+
+def default_draft(device_type: str) -> tuple[int, TreeShape | None]:
+    """(k, tree) to offer first on a device ("cuda", "cpu", ...); tree None: a chain of k."""
+    return DEFAULT_DRAFTS.get(device_type, DEFAULT_DRAFTS["cpu"])
+
+
+def default_tree(device_type: str) -> TreeShape:
+    """The tree to offer when a visitor picks a tree: the fastest tree measured on the device."""
+    return DEFAULT_TREES.get(device_type, DEFAULT_TREES["cpu"])
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N
+    (root excluded), drafts sampled from q or the drafter's top choices, and tree machinery or the
+    plain chain (a chain is the tree K = 1, N = D). Target-only (D = 0) may verify `pad` padding
+    rows after its one token: run at a speculative shape's width, it computes every token as that
+    shape's verification does (``target_only_width``)."""
+
+    depth: int
+    topk: int = 1
+    nodes: int = 0
+    sampled: bool = False
+    tree: bool = False
+    pad: int = 0
+
+    @classmethod
+    def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1) -> "DraftShape":
+        """The shape of a request: a chain of k, or a tree of depth k (sampled drafts need the tree
+        machinery, and verify every candidate); k = 0: target-only, its forwards `width` rows wide."""
+        if k == 0:
+            return cls(0, pad=width - 1)
+        if tree is None and not sampled:
+            return cls(k, 1, k)
+        topk = tree.topk if tree is not None else 1
+        full = topk + (k - 1) * topk * topk
+        nodes = full if sampled or tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
+        return cls(k, topk, nodes, sampled, True)
+
+    @property
+    def candidates(self) -> int:
+        """Nodes drafted before pruning: K at depth 1, then K * K per further depth."""
+        return self.topk + (self.depth - 1) * self.topk * self.topk
+
+    @property
+    def width(self) -> int:
+        """Rows of the target's forward each step: the root, the draft nodes (and any padding)."""
+        return self.nodes + 1 + self.pad
+
+    def check(self) -> None:
+        if self.pad < 0:
+            raise ValueError(f"a target-only step runs at least 1 row wide, not {self.pad + 1}")
+        if self.pad and self.depth:
+            raise ValueError(f"only target-only steps are padded, not a shape of depth {self.depth}")
+        if self.width > MAX_DRAFT_TOKENS:
+            raise ValueError(f"a step verifies at most {MAX_DRAFT_TOKENS} tokens, not {self.width}")
+        if not self.tree:
+            return
+        if not 1 <= self.topk <= MAX_TREE_TOPK:
+            raise ValueError(f"tree top-k must be in 1..{MAX_TREE_TOPK}, not {self.topk}")
+        if not self.depth <= self.nodes <= self.candidates:
+            raise ValueError(f"a tree of depth {self.depth} and top-k {self.topk} verifies {self.depth + 1} to "
+                             f"{self.candidates + 1} tokens (root included), not {self.nodes + 1}")
+        if (self.depth - 1) * self.topk > TREE_SCRATCH:
+            raise ValueError(f"depth {self.depth} x top-k {self.topk} needs more than {TREE_SCRATCH} drafter slots")
+
+
+@dataclass
+class GenerationConfig:
+    """The engine's settings for one generation (Engine.generate)."""
+
+    max_new_tokens: int = 256
+    num_spec_tokens: int = 3  # k: drafts per step, or a tree's depth; 0: target-only through the same engine
+    tree: TreeShape | None = None  # None: a chain of k drafts
+    draft_sampling: str = "pointmass"  # at T > 0, see demo.methods.DRAFT_SAMPLING
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] | None = None  # None: the target's eos ids
+    target_only_width: int = 1  # k = 0: rows of each forward, the first real (see target_only_width())
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p)
+
+    def draft_shape(self, k: int) -> DraftShape:
+        """What a step drafts with k drafts per step (k = 0: none)."""
+        return DraftShape.of(k, self.tree, sampled=self.draft_sampling == "q" and not self.sampling.greedy,
+                             width=self.target_only_width)

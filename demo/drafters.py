@@ -1,0 +1,8 @@
+"""The drafter class of each drafting method (demo/methods.py names the methods)."""
+
+from __future__ import annotations
+
+from demo.drafter_eagle import EagleDrafter
+from demo.drafter_eagle3 import Eagle3Drafter
+
+DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
