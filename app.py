@@ -37,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_session(args: argparse.Namespace):
-    from demo.service.session import Session, preset_choice
+    from demo.service.model_cache import preset_choice
+    from demo.service.session import Session
 
     choice = preset_choice(args.preset)
     if args.target:
@@ -56,8 +57,8 @@ def build_session(args: argparse.Namespace):
 def main(argv=None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
-    from demo.service import zerogpu
     from demo.models.loading import LoadError
+    from demo.service import zerogpu
     from demo.service.settings import AppSettings
 
     try:
@@ -73,7 +74,8 @@ def main(argv=None) -> None:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
     from demo.service.hosting import Hosting
-    from demo.views import CSS_PATH, build_demo
+    from demo.ui.assets import CSS_PATH
+    from demo.views import build_demo
 
     hosting = Hosting.choose(args.public)
     demo = build_demo(session, hosting, defaults=settings)

@@ -39,10 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from demo.engine import compile_step
 from demo.bench.timing import capture_alone, kernel_count, replay_ms
-
-PHASES = ("project", "catch_up", "draft", "verify", "accept")
+from demo.engine import compile_step
 
 
 @dataclass
@@ -66,25 +64,6 @@ class StepProfile:
     prefill_rows: int = 0  # the prompt's bucket
 
 
-def phase_functions(engine, b, params, generator=None) -> dict:
-    """The step's phases over the buffers ``b`` (demo.engine.StepBuffers), in step order."""
-    fns = {}
-    attend = engine._attended(_last_slot(b) + 1)  # the cache slots the engine attends over (its bucket, on a GPU)
-    if b.k:
-        fns["project"] = lambda: b.catch_hidden.copy_(engine.drafter.project(b.catch_features))
-        fns["catch_up"] = lambda: engine._catch_up(b, attend)
-        fns["draft"] = ((lambda: engine._draft_tree(b, attend)) if b.tree is not None
-                        else (lambda: engine._chain(b, attend)))
-    verified = []  # the last verification's (logits, features), which the acceptance test reads
-
-    def verify():
-        verified[:] = [engine._verify_forward(b, attend)]
-    fns["verify"] = verify
-    accept = engine._acceptance(b)
-    fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
-    return fns
-
-
 STEP_PHASE = {"project": "propose", "catch_up": "propose", "draft": "propose", "verify": "verify", "accept": "accept"}
 
 
@@ -92,11 +71,6 @@ def compiled_phase(engine, phase: str) -> bool:
     """Whether the engine runs `phase` (one of PHASES) compiled: only graph mode compiles, its
     captured steps, within its --compile scope (Engine.compiles)."""
     return engine.mode == "cudagraph" and engine.compiles(STEP_PHASE[phase])
-
-
-def _last_slot(b) -> int:
-    """The last cache slot the staged verification writes (one host read: profiling only)."""
-    return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
 
 
 def _phase_graph_ms(fn, repeats: int) -> float:
@@ -113,7 +87,7 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
     cuda = engine.device.type == "cuda"
     generator = None if gen.sampling.greedy else torch.Generator(device=engine.device).manual_seed(gen.seed)
     phases = []
-    for name, fn in phase_functions(engine, b, gen.sampling, generator).items():
+    for name, fn in engine.step_phases(b, gen.sampling, generator).items():
         if compiled_phase(engine, name) and (name != "accept" or gen.sampling.greedy):
             fn = compile_step(fn)  # the engine compiles the acceptance test at T = 0 only
             fn()  # warm: the first call compiles
@@ -124,7 +98,7 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
         phases.append(PhaseProfile(name, kernels, ms, top, graph_ms))
     out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
-        out.attend = engine._attended(_last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
+        out.attend = engine.attended(engine.last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
         out.context = engine.max_context
         out.step_graph_ms = replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
         if out.attend != out.context:
@@ -166,7 +140,7 @@ class PerfRow:
 
 def table_plan(device_type: str, methods: tuple[str, ...] = ("eagle3", "eagle")) -> list[tuple[str, list[str]]]:
     """(row name, bench flags) of every SpecLens row a device measures, target-only first."""
-    from demo.tree import default_draft, default_tree
+    from demo.config import default_draft, default_tree
 
     gpu = device_type == "cuda"
     modes = [("eager", [])] + ([("cudagraph", ["--mode", "cudagraph"]),
@@ -211,7 +185,7 @@ def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_c
         if static_compiled:
             # generate() compiles the decoding forward itself (CompileConfig, "reduce-overhead") once
             # a static cache is set, on a GPU. Compiling hf.forward by hand as well (the older recipe)
-            # fails in transformers 5.17 on the H200: the static cache is made lazily inside the first
+            # fails in transformers 5.17: the static cache is made lazily inside the first
             # forward, so under a compiled forward its tensors are CUDA-graph outputs the next replay
             # overwrites ("accessing tensor output of CUDAGraphs that has been overwritten")
             config.cache_implementation = "static"
@@ -219,9 +193,9 @@ def transformers_row(hf, prompts: list[list[int]], max_new_tokens: int, static_c
         device = hf.device
         run = lambda ids: hf.generate(torch.tensor([ids], device=device), **kwargs)  # noqa: E731
         # warm up on the longest prompt: a static cache is sized by the first call that needs it, and
-        # a later, longer prompt makes a larger one, which the compiled forward recompiles for (on
-        # the H200, with the first prompt as warm-up, the static row ran no faster than the dynamic;
-        # warmed up on the longest it ran 267.4 tokens/s against 34.0, RESULTS.md D21b)
+        # a later, longer prompt makes a larger one, which the compiled forward recompiles for
+        # inside the timed loop (warmed up on a short prompt, the static row runs no faster than the
+        # dynamic one)
         run(max(prompts, key=len))
         tokens, seconds = 0, 0.0
         for ids in prompts:
@@ -243,23 +217,24 @@ def _sync(device) -> None:
 
 
 def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[dict], flags: list[str]) -> PerfRow:
-    """One bench run (demo.bench.measure) on an engine over the loaded target."""
-    from demo.bench import chosen_drafter_dtype, measure, parse_args
+    """One bench run (demo/bench/measure.py) on an engine over the loaded target; `flags`: the bench's."""
+    from demo.bench.cli import parse_args
+    from demo.bench.measure import chosen_drafter_dtype, measure
     from demo.engine import Engine
 
-    args = parse_args(flags)
-    engine = Engine(target, drafters.get(args.method), mode=args.mode, compile=args.compile,
-                    max_context=args.max_context, drafter_dtype=chosen_drafter_dtype(args.drafter_dtype, target))
-    s = measure(engine, tokenizer, questions, args)["totals"]["summary"]
+    config = parse_args(flags)
+    engine = Engine(target, drafters.get(config.method), mode=config.mode, compile=config.compile,
+                    max_context=config.max_context, drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target))
+    s = measure(engine, tokenizer, questions, config)["totals"]["summary"]
     return PerfRow(name, s["tokens_per_s"], s["mean_acceptance_length"], s["mean_draft_ms"], s["mean_verify_ms"],
-                   "target" if args.method == "none" else "speclens")
+                   "target" if config.method == "none" else "speclens")
 
 
 def run_table(argv: list[str]) -> str:
     """Load once, measure every row of the device's plan on the same prompts; returns the table."""
-    from demo.bench import load_questions, parse_args
+    from demo.bench.cli import parse_args
+    from demo.bench.measure import load_questions
     from demo.models.checkpoints import load_drafter
-    from demo.kernels.runtime import set_kernels
     from demo.models.loading import load_target
     from demo.models.presets import bundled_drafter_dir
     from demo.models.prompts import chat_ids
@@ -267,10 +242,9 @@ def run_table(argv: list[str]) -> str:
 
     argv, methods = _drafters_flag(argv)
     base = parse_args([*argv, "--method", "none"])
-    set_kernels(base.kernels)  # before anything is captured or compiled
     questions = load_questions(base)
     hf, tokenizer = load_target(base.target, device=base.device, dtype=base.dtype)
-    target = Target(hf)
+    target = Target(hf, kernels=base.kernels)
     drafters = {m: load_drafter(str(bundled_drafter_dir(m)), target, method=m) for m in methods}
     prompts = [chat_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}]) for q in questions]
     rows = []
@@ -303,7 +277,9 @@ def _drafters_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from demo.bench import build_engine, generation_config, load_questions, parse_args, shape_label, tree_shape
+    from demo.bench.cli import parse_args
+    from demo.bench.measure import build_engine, load_questions
+    from demo.bench.report import shape_label
     from demo.models.prompts import chat_ids
 
     argv = sys.argv[1:] if argv is None else argv
@@ -315,15 +291,15 @@ def main(argv: list[str] | None = None) -> int:
 
         print(forward_main(argv[1:]))
         return 0
-    args = parse_args(argv)
-    engine, tokenizer = build_engine(args)
-    question = load_questions(args)[0]
+    config = parse_args(argv)
+    engine, tokenizer = build_engine(config)
+    question = load_questions(config)[0]
     ids = chat_ids(tokenizer, [{"role": "user", "content": question["turns"][0]}])
-    gen = generation_config(args, max_new_tokens=min(args.max_new_tokens, 64))
+    gen = config.generation(max_new_tokens=min(config.max_new_tokens, 64))
     profile = profile_step(engine, ids, gen)
     from dataclasses import asdict
 
-    shape = tree_shape(args)
+    shape = config.shape
     drafts = shape_label({"k": shape.depth, "shape": asdict(shape)}) if shape.depth else "target only"
-    print(format_profile(profile, f"{args.method}, {drafts}, {engine.describe()['mode']}, {engine.device}"))
+    print(format_profile(profile, f"{config.method}, {drafts}, {engine.describe()['mode']}, {engine.device}"))
     return 0

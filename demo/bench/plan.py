@@ -1,6 +1,6 @@
 """What the app's Benchmark tab runs: a plan (methods x modes x k values over some prompts), its
 checks and its work, the prompts it picks, its run on a Session's engines through demo/bench/cli.py's
-``measuring`` (the CLI's own loop, warm-up and report), and the rows the tab, the chart and the CSV
+``measuring`` (demo/bench/measure.py: the CLI's own loop, warm-up and report), and the rows the tab, the chart and the CSV
 show. No Gradio here: demo/ui/bench_tab.py maps these onto components.
 
 Every configuration decodes greedily (T = 0) and drafts a chain of k (draft trees: the CLI's
@@ -9,35 +9,19 @@ Every configuration decodes greedily (T = 0) and drafts a chain of k (draft tree
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from demo.bench import cli as bench
-from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODE_LABELS, MODES
-from demo.service.session import LIMITS, MAX_CHARS_PER_TOKEN, RequestError, Session
+from demo.bench.config import WARMUP_MAX_NEW_TOKENS, BenchConfig
+from demo.bench.measure import measuring
+from demo.bench.report import format_report
+from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODES
+from demo.service.request import LIMITS, MAX_CHARS_PER_TOKEN, RequestError
+from demo.service.session import Session
 
-BUNDLED_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "categories.jsonl"
+BUNDLED_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "categories.jsonl"
 WARMUP = 1  # uncounted warm-up generations per configuration (the CLI's --warmup default)
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """One measured configuration: who drafts, how steps run, and k (0: the target alone)."""
-
-    method: str
-    mode: str
-    k: int
-
-    @property
-    def width(self) -> int:
-        """Tokens the target verifies per step: the last token and the k drafts."""
-        return self.k + 1
-
-    @property
-    def label(self) -> str:
-        drafts = f" k={self.k}" if self.k else ""
-        return f"{METHOD_LABELS[self.method]}{drafts} · {MODE_LABELS[self.mode]}"
 
 
 @dataclass(frozen=True)
@@ -60,13 +44,15 @@ class BenchPlan:
                    _whole(num_prompts), _whole(max_new_tokens))
 
     def configs(self) -> list[BenchConfig]:
-        """Mode by mode: target only, then each drafting method at every k."""
-        return [BenchConfig(method, mode, k) for mode in self.modes for method in self.methods
+        """Mode by mode: target only, then each drafting method at every k (greedy chains, WARMUP
+        warm-ups; run_plan fills in the models and the prompts)."""
+        return [BenchConfig(method=method, mode=mode, num_spec_tokens=k, max_new_tokens=self.max_new_tokens,
+                            warmup=WARMUP) for mode in self.modes for method in self.methods
                 for k in ((0,) if method == "none" else self.ks)]
 
     @property
     def warmup_tokens(self) -> int:
-        return WARMUP * min(self.max_new_tokens, bench.WARMUP_MAX_NEW_TOKENS)
+        return WARMUP * min(self.max_new_tokens, WARMUP_MAX_NEW_TOKENS)
 
     def work(self, num_prompts: int | None = None) -> int:
         """Tokens the target may verify in all: per configuration, its tokens per step times the
@@ -144,13 +130,10 @@ def check_prompts(session: Session, questions: list[dict], plan: BenchPlan) -> N
                                f"new tokens {plan.max_new_tokens}: lower max new tokens, or leave that question out.")
 
 
-def bench_args(session: Session, config: BenchConfig, plan: BenchPlan, source: str):
-    """The CLI's arguments for `config` (parsed by its own parser, so its rules hold here too)."""
-    argv = ["--target", session.target_spec, "--method", config.method, "--mode", config.mode,
-            "--max-new-tokens", str(plan.max_new_tokens), "--warmup", str(WARMUP), "--prompts", source]
-    if config.k:
-        argv += ["-k", str(config.k), "--drafter", session.drafter_labels[config.method]]
-    return bench.parse_args(argv)
+def measured_config(session: Session, config: BenchConfig, source: str) -> BenchConfig:
+    """`config` on the session's models and `source`'s prompts, checked as the CLI checks its flags."""
+    drafter = session.drafter_labels[config.method] if config.k else None
+    return replace(config, target=session.target_spec, drafter=drafter, prompts=source).check()
 
 
 @dataclass
@@ -176,7 +159,7 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
     total = len(configs) * len(questions)
     for i, config in enumerate(configs):
         engine = session.engine(config.method, config.mode)
-        steps = bench.measuring(engine, session.tokenizer, questions, bench_args(session, config, plan, source))
+        steps = measuring(engine, session.tokenizer, questions, measured_config(session, config, source))
         while True:
             try:
                 done = next(steps)
@@ -214,4 +197,4 @@ def category_table(reports: list[dict]) -> list[dict]:
 
 def report_text(reports: list[dict]) -> str:
     """What ``python -m demo.bench`` prints for each configuration, one after another."""
-    return "\n\n".join(bench.format_report(r) for r in reports)
+    return "\n\n".join(format_report(r) for r in reports)

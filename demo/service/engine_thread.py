@@ -2,9 +2,8 @@
 
 PyTorch's CPU thread pool (OpenMP) belongs to the thread that calls into it. Gradio runs each step
 of a streaming handler on whichever of its worker threads is free, so a generation hops between
-threads, each bringing its own pool, and the pools compete for the cores: on 2 cores the embedded
-default ran a third slower that way (27 against 40 tokens/s, measured by hopping a generation over
-8 threads). The app runs one generation at a time anyway (its engine queue), so every step of
+threads, each bringing its own pool, and the pools compete for the cores (on 2 cores the embedded
+default runs about a third slower so). The app runs one generation at a time anyway (its engine queue), so every step of
 every generation runs on one dedicated thread instead, and only the handler hops.
 """
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from demo.service.chat import RunTrace, Turn
 
 TRACE_FORMAT = "speclens-trace/1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def trace_record(trace: RunTrace, reply: Turn, *, messages: list[dict], token_text: dict[int, str],

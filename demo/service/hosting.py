@@ -29,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from demo.service.session import Request, RequestError
+from demo.service.request import Request, RequestError
 
 QUEUE_MAX_SIZE = 16  # events waiting in Gradio's queue; past it a join is refused ("queue is full", 503)
 MAX_FILE_SIZE = "1mb"  # what /gradio_api/upload takes (launch(max_file_size=...)); larger: 413

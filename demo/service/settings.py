@@ -17,9 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from demo.service.hosting import QUEUE_MAX_SIZE
 from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS
-from demo.service.session import LIMITS
+from demo.service.hosting import QUEUE_MAX_SIZE
+from demo.service.request import LIMITS
 
 ENV = {"preset": "SPECLENS_PRESET", "method": "SPECLENS_METHOD", "k": "SPECLENS_K",
        "max_new_tokens": "SPECLENS_MAX_NEW_TOKENS", "queue_size": "SPECLENS_QUEUE_SIZE"}

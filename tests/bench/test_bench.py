@@ -14,10 +14,12 @@ import torch
 from safetensors.torch import save_file
 
 from demo.bench import cli as bench
-from demo.service.chat import first_difference
+from demo.bench import measure
+from demo.bench.report import category_rows, format_report
 from demo.metrics import AcceptanceStats
+from demo.service.chat import first_difference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 QUESTIONS = [
@@ -68,9 +70,9 @@ def _drafter_dir(path: Path, method: str, target_dir: Path, copy_head: bool = Fa
     """A random drafter shaped like one layer of the target in target_dir, saved as a checkpoint."""
     from transformers import AutoConfig
 
-    from demo.models.checkpoints import save_drafter
     from demo.drafter_common import DrafterConfig
-    from demo.methods import DRAFTER_CLASSES
+    from demo.drafters import DRAFTER_CLASSES
+    from demo.models.checkpoints import save_drafter
     from demo.target import TargetConfig
 
     torch.manual_seed(1)
@@ -179,7 +181,7 @@ def test_report_ends_with_acceptance_table_then_speed():
                   temperature=0.0, warmup=1)
     report = {"records": [], "totals": {"config": config, "num_prompts": 2, "counts": stats.__dict__,
                                         "summary": stats.summary(), "warmup_s": 0.5, "capture_s": 0.0}}
-    tail = bench.format_report(report).splitlines()[-9:]
+    tail = format_report(report).splitlines()[-9:]
     assert tail == [
         "-" * 50,
         "mean acceptance length: 2.69",
@@ -197,7 +199,7 @@ def test_category_rows_count_acceptance_over_each_categorys_drafts():
     def rec(category, drafts, accepted, tokens, seconds):
         return {"category": category, "stats": {"num_drafts": drafts, "num_accepted_tokens": accepted,
                                                 "num_generated": tokens, "elapsed_s": seconds}}
-    rows = bench.category_rows([rec("math", 10, 20, 31, 1.0), rec("coding", 4, 4, 9, 0.5), rec("math", 30, 20, 51, 1.0)])
+    rows = category_rows([rec("math", 10, 20, 31, 1.0), rec("coding", 4, 4, 9, 0.5), rec("math", 30, 20, 51, 1.0)])
     # math: 1 + (20 + 20) / (10 + 30) = 2.0 over both prompts, not the mean of 3.0 and 1.67
     assert rows == [{"category": "coding", "prompts": 1, "mean_acceptance_length": 2.0, "tokens_per_s": 18.0},
                     {"category": "math", "prompts": 2, "mean_acceptance_length": 2.0, "tokens_per_s": 41.0}]
@@ -212,9 +214,9 @@ def test_divergence_report_names_the_first_differing_prompt_and_position():
                   device="cpu", dtype="float32", gpu=None, max_new_tokens=8, temperature=0.0, warmup=0)
     report = {"records": records, "totals": {"config": config, "num_prompts": 3, "counts": stats.__dict__,
                                              "warmup_s": 0.0, "capture_s": 0.0,
-                                             "lossless": bench.lossless_totals(records)}}
+                                             "lossless": measure.lossless_totals(records)}}
     assert ("lossless: diverged (2/3 prompts differ; first: question 82 turn 2 at generated token 17)"
-            in bench.format_report(report).splitlines())
+            in format_report(report).splitlines())
 
 
 def test_printed_table_matches_merged_totals(models, capsys, tmp_path):

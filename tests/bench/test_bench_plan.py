@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import pytest
 
-from demo.ui import figures
-from demo.ui.bench_figures import bench_figure
-from demo.bench.plan import (BenchConfig, BenchPlan, category_table, check_prompts, pick_prompts, report_text,
-                             run_plan, summary_rows)
+from demo.bench.config import BenchConfig
+from demo.bench.plan import (
+    BenchPlan,
+    category_table,
+    check_prompts,
+    pick_prompts,
+    report_text,
+    run_plan,
+    summary_rows,
+)
+from demo.metrics import AcceptanceStats
 from demo.service.chat import StepPoint
 from demo.service.hosting import BENCH_WORK_BUDGET, Hosting
-from demo.metrics import AcceptanceStats
-from demo.service.session import RequestError
+from demo.service.request import RequestError
+from demo.ui import figures
+from demo.ui.bench_figures import bench_figure
 from tests.tiny_chat import tiny_session
 
 QUESTIONS = [{"question_id": i, "category": c, "turns": ["Say a"]} for i, c in enumerate("xxxyyz", 1)]
@@ -31,8 +39,8 @@ def test_configs_measure_target_only_once_per_mode_and_each_method_at_every_k():
         ("eagle3", "eager", 3),
         ("none", "cudagraph", 0), ("eagle", "cudagraph", 1), ("eagle", "cudagraph", 3), ("eagle3", "cudagraph", 1),
         ("eagle3", "cudagraph", 3)]
-    assert BenchConfig("eagle3", "eager", 2).label == "EAGLE-3 k=2 · eager"
-    assert BenchConfig("none", "cudagraph", 0).label == "target only · CUDA graph"
+    assert BenchConfig(method="eagle3", mode="eager", num_spec_tokens=2).label == "EAGLE-3 k=2 · eager"
+    assert BenchConfig(method="none", mode="cudagraph", num_spec_tokens=0).label == "target only · CUDA graph"
 
 
 def test_work_counts_every_configurations_verified_tokens_warm_up_included():
@@ -116,11 +124,11 @@ def test_a_run_measures_every_configuration_and_reports_as_the_cli(session):
 
 
 def test_stopping_a_run_stops_it_between_two_prompts(session, monkeypatch):
-    from demo.bench import cli as bench
+    from demo.bench import measure
 
     decodes = []
-    decode = bench.decode
-    monkeypatch.setattr(bench, "decode", lambda *args: decodes.append(1) or decode(*args))
+    decode = measure.decode
+    monkeypatch.setattr(measure, "decode", lambda *args: decodes.append(1) or decode(*args))
     run = run_plan(session, BenchPlan(methods=("eagle",), ks=(1,), num_prompts=3, max_new_tokens=9),
                    QUESTIONS[:3], "tiny.jsonl")
     assert next(run).done == 1

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from demo.service.export import bench_csv, environment, trace_json, trace_record
-from demo.service.session import Request
+from demo.service.request import Request
 from demo.ui.trace_download import trace_file
 from tests.tiny_chat import tiny_session
 
@@ -66,7 +66,7 @@ def test_a_target_only_trace_has_steps_without_drafts(session):
 
 
 def test_a_draft_tree_is_kept_with_its_parents_and_accepted_path(session):
-    from demo.tree import TreeShape
+    from demo.config import TreeShape
 
     chat = reply_of(session, method="eagle", num_spec_tokens=3, max_new_tokens=9, tree=TreeShape(2, 6))
     steps = json.loads(trace_json(chat.trace, chat.turns[-1], **context(session, chat)))["steps"]

@@ -17,9 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from demo.service.hosting import BUSY, CPU_WORK_BUDGET, MAX_FILE_SIZE, QUEUE_MAX_SIZE, Hosting
 from demo.models.presets import PRESETS, Preset
-from demo.service.session import ModelCache, Request, RequestError, Session
+from demo.service.hosting import BUSY, CPU_WORK_BUDGET, MAX_FILE_SIZE, QUEUE_MAX_SIZE, Hosting
+from demo.service.model_cache import ModelCache
+from demo.service.request import Request, RequestError
+from demo.service.session import Session
 from demo.views import build_demo
 from tests.tiny_chat import tiny_session
 

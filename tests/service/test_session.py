@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from demo.config import TreeShape
 from demo.engine import Engine
-from demo.service.chat import ChatState, Turn, first_difference
 from demo.metrics import DEFINITIONS
+from demo.service.chat import ChatState, Turn, first_difference
+from demo.service.model_cache import RANDOM_INIT, ModelChoice
+from demo.service.request import MAX_CHARS_PER_TOKEN, Request, RequestError
+from demo.service.session import panel_stats
 from demo.ui.html.render import render_chat, render_stats
-from demo.service.session import MAX_CHARS_PER_TOKEN, RANDOM_INIT, ModelChoice, Request, RequestError, panel_stats
-from demo.tree import TreeShape
 from tests.tiny_chat import tiny_session
 
 
@@ -281,7 +283,7 @@ def test_a_named_drafter_that_cannot_load_is_an_error_when_asked_for_explicitly(
 
 def test_the_default_preset_falls_back_visibly_while_its_drafters_are_not_built(monkeypatch):
     import demo.models.presets as presets
-    from demo.service.session import preset_choice
+    from demo.service.model_cache import preset_choice
 
     preset = presets.PRESETS[presets.DEFAULT_PRESET]
     unbuilt = dataclasses.replace(preset, eagle=Path("/nowhere/eagle"), eagle3=Path("/nowhere/eagle3"))
@@ -289,7 +291,7 @@ def test_the_default_preset_falls_back_visibly_while_its_drafters_are_not_built(
     choice = preset_choice()
     assert choice.target == "default" and set(choice.missing) == {"eagle", "eagle3"}
     s = tiny_session()
-    warnings = s.load_drafters(choice)
+    warnings = s.models.load_drafters(choice)
     assert all(s.drafter_labels[m] == RANDOM_INIT for m in ("eagle", "eagle3"))
     assert len(warnings) == 2 and all("not built yet" in w and "random-init" in w for w in warnings)
 
@@ -302,7 +304,7 @@ class Sized:
 
 
 def test_model_cache_evicts_the_least_recently_used_past_its_budget_never_the_default():
-    from demo.service.session import ModelCache
+    from demo.service.model_cache import ModelCache
 
     loads = []
 

@@ -1,0 +1,84 @@
+"""A request and its limits, as plain data (no torch: hosting, settings and the bench read these
+without the engine).
+
+- ``Request`` is one generation's settings: method, mode, compare, and the engine's
+  ``GenerationConfig``. Build one from loose settings with ``Request.of``.
+- ``LIMITS`` and ``TREE_LIMITS``: the allowed ranges of the settings, checked (``check_number``)
+  before any engine call; ``RequestError`` is a refusal whose message the visitor reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, GenerationConfig
+from demo.methods import APP_MAX_SPEC_TOKENS, num_drafts
+
+# Allowed ranges of the generation settings (inclusive), checked before any engine call.
+LIMITS = {
+    "num_spec_tokens": (1, APP_MAX_SPEC_TOKENS),
+    "temperature": (0.0, 2.0),
+    "top_p": (0.01, 1.0),
+    "max_new_tokens": (1, 2048),
+    "seed": (0, 2**31 - 1),
+}
+TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOKENS)}  # 0 tokens: every node
+# A prompt (with the conversation before it) longer than max_context * this many characters cannot
+# fit the context and is refused before it is tokenized: English runs about 4 characters per token,
+# and no real text packs 32 into every token of a prompt.
+MAX_CHARS_PER_TOKEN = 32
+
+NO_COMPARISON = "target only is the target-only baseline itself"
+
+
+class RequestError(ValueError):
+    """Bad input; the message is shown to the user and no engine was called."""
+
+
+@dataclass
+class Request:
+    """One generation: who drafts (method), how steps run (mode), whether to compare with the
+    target alone, and the engine's settings. Build one from loose settings with ``Request.of``."""
+
+    prompt: str
+    method: str = "eagle3"
+    mode: str = "eager"
+    compare: bool = False  # then run the same prompt target-only for the speedup
+    gen: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=128))
+
+    @classmethod
+    def of(cls, prompt: str, *, method: str = "eagle3", mode: str = "eager", compare: bool = False,
+           **generation) -> "Request":
+        """Request.of("hi", method="eagle", num_spec_tokens=5, temperature=0.7): the generation
+        settings by name, over the request defaults."""
+        return cls(prompt, method, mode, compare, replace(cls("").gen, **generation))
+
+    @property
+    def k(self) -> int:
+        return num_drafts(self.method, self.gen.num_spec_tokens)
+
+    @property
+    def shape(self) -> DraftShape:
+        """What each step drafts: a chain of k, a tree of depth k, or nothing (target only)."""
+        return self.gen.draft_shape(self.k)
+
+    def engine_config(self) -> GenerationConfig:
+        """What the engine runs: k = 0 for the target alone."""
+        return replace(self.gen, num_spec_tokens=self.k)
+
+    def settings(self) -> dict:
+        """The request as plain data (JSON-ready): method, mode, compare and the engine's settings."""
+        return {"method": self.method, "mode": self.mode, "compare": self.compare, **asdict(self.engine_config())}
+
+
+DEFAULT_REQUEST = Request("")
+
+
+def check_number(name: str, value, lo, hi) -> None:
+    """A setting must be a number (a whole one where the limits are) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise RequestError(f"{name} must be a number, not {value!r}.")
+    if isinstance(lo, int) and value != int(value):
+        raise RequestError(f"{name} must be a whole number, not {value}.")
+    if not lo <= value <= hi:
+        raise RequestError(f"{name} = {value} is out of range: allowed {lo} to {hi}.")
