@@ -17,7 +17,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from demo.drafter_common import DrafterConfig
-from demo.methods import DRAFTER_CLASSES
+from demo.drafters import DRAFTER_CLASSES
 from demo.target import Target
 
 VOCAB, HIDDEN, LAYERS = 256, 64, 8
@@ -137,7 +137,7 @@ def hf_greedy(hf, prompt: list[int], max_new: int, eos: int | None = None) -> li
 
 def run(engine, prompt: list[int], **gen):
     """(every emitted token, the events) of one generation with GenerationConfig(**gen)."""
-    from demo.engine import GenerationConfig
+    from demo.config import GenerationConfig
 
     events = list(engine.generate(prompt, GenerationConfig(**gen)))
     return [t for e in events for t in e.token_ids], events

@@ -14,7 +14,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from demo.service.session import Models, Session
+from demo.service.model_cache import Models
+from demo.service.session import Session
 from demo.target import Target
 from tests.tiny import tiny_drafter, tiny_target
 

@@ -16,10 +16,11 @@ import argparse
 import numpy as np
 import torch
 
-from demo.models.checkpoints import load_drafter
-from demo.engine import Engine, GenerationConfig
-from demo.models.loading import load_target
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from demo.metrics import AcceptanceStats
+from demo.models.checkpoints import load_drafter
+from demo.models.loading import load_target
 from demo.target import Target
 from training.data import load_shards
 from training.losses import TargetBatch, eagle3_loss, eagle3_ttt_forward, rope_for, run_target

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from training.head_loss_kernel import soft_ce_grad_
 from demo.layers import apply_rope, rope_inv_freq, rope_tables
+from training.head_loss_kernel import soft_ce_grad_
 
 EAGLE_FEATURE_WEIGHT = 1.0  # EAGLE-1's v_w
 EAGLE_TOKEN_WEIGHT = 0.1  # EAGLE-1's p_w

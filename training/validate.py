@@ -106,7 +106,7 @@ def run(engine, prompts: list[list[int]], k: int, temperature: float, max_new_to
     """Merged AcceptanceStats of one (k, T) over all prompts. places: each prompt's index in the
     whole prompt set (default 0, 1, ...), which seeds its sampling, so a shard samples as the whole
     set does."""
-    from demo.engine import GenerationConfig
+    from demo.config import GenerationConfig
     from demo.metrics import AcceptanceStats
 
     total = AcceptanceStats(num_spec_tokens=k)
@@ -261,8 +261,8 @@ def main(argv=None) -> dict:
     import torch
     from tqdm import tqdm
 
-    from demo.models.checkpoints import load_drafter
     from demo.engine import Engine
+    from demo.models.checkpoints import load_drafter
     from demo.models.loading import load_target
     from demo.target import Target
 

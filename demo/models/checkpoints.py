@@ -55,9 +55,10 @@ from typing import Mapping, Sequence
 import torch
 
 from demo.drafter_common import DrafterBase, DrafterConfig
-from demo.models.hub import HUB_ID, HubError, HubRepo, cached_snapshot, gigabytes
+from demo.drafters import DRAFTER_CLASSES
 from demo.layers import rope_inv_freq
-from demo.methods import DRAFTER_CLASSES, dtype_label
+from demo.methods import dtype_label
+from demo.models.hub import HUB_ID, HubError, HubRepo, cached_snapshot, gigabytes
 
 __all__ = ["DrafterLoadError", "load_drafter", "save_drafter", "read_drafter", "read_drafter_config",
            "read_aux_layer_ids", "write_hot_tokens"]

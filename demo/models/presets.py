@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from demo.models.checkpoints import DrafterLoadError
 from demo.methods import DRAFT_METHODS
+from demo.models.checkpoints import DrafterLoadError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_DRAFTERS = {  # trained by this project for the embedded target (scripts produce these directories)
     "eagle": "assets/drafters/smollm2-135m-eagle",
     "eagle3": "assets/drafters/smollm2-135m-eagle3",

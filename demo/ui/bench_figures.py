@@ -10,8 +10,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from demo.ui.figures import MODEBAR_REMOVE
 from demo.methods import METHOD_LABELS, MODE_LABELS
+from demo.ui.figures import MODEBAR_REMOVE
 
 METHOD_COLORS = {"none": "#7f7f7f", "eagle": "#48b5c4", "eagle3": "#22559f"}
 MODE_DASH = {"eager": "solid", "cudagraph": "dot"}

@@ -3,7 +3,7 @@ and show what ``python -m demo.bench`` prints, a table per configuration and per
 chart against k, and a CSV download.
 
 A layout builder that returns the components (``build_bench_tab``), then one function that
-registers the tab's listeners (``register_bench_listeners``), as demo/views.py does for the chat.
+registers the tab's listeners (``register``).
 The plan, its checks and its run are demo/bench/plan.py's; the chart demo/ui/bench_figures.py's; the
 CSV demo/service/export.py's; the public work budget demo/service/hosting.py's. A run holds the engine like a chat
 reply (the same concurrency group) and stops between two prompts when the visitor presses Stop.
@@ -17,19 +17,30 @@ from pathlib import Path
 
 import gradio as gr
 
+from demo.bench.config import BenchConfig
+from demo.bench.plan import (
+    BUNDLED_PROMPTS,
+    BenchPlan,
+    category_table,
+    check_prompts,
+    pick_prompts,
+    report_text,
+    run_plan,
+    summary_rows,
+)
+from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, MODE_LABELS
+from demo.models.prompts import PromptFileError, questions_from_upload, read_questions
 from demo.service import zerogpu
-from demo.ui.bench_figures import bench_figure
-from demo.bench.plan import (BUNDLED_PROMPTS, BenchConfig, BenchPlan, category_table, check_prompts,
-                             pick_prompts, report_text, run_plan, summary_rows)
 from demo.service.downloads import write_download
 from demo.service.export import bench_csv
 from demo.service.hosting import Hosting
-from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, MODE_LABELS
-from demo.models.prompts import PromptFileError, questions_from_upload, read_questions
-from demo.ui.html.render import escape
-from demo.service.session import ModelCache, RequestError, Session
+from demo.service.model_cache import ModelCache
+from demo.service.request import RequestError
+from demo.service.session import Session, shown_session, visitor_session
+from demo.ui.bench_figures import bench_figure
+from demo.ui.events import ENGINE, PRIVATE
+from demo.ui.html.render import escape, status_html
 
-ENGINE = "engine"  # views.ENGINE: the concurrency group of everything that touches the models
 MAX_PROMPT_FILE_BYTES = 2**20  # hosting.MAX_FILE_SIZE bounds uploads already; a file read here is never larger
 DEFAULT_PLAN = BenchPlan(methods=("none", "eagle3"), modes=("eager",), ks=(1, 2, 3), num_prompts=8, max_new_tokens=48)
 SUMMARY_HEADERS = ["configuration", "prompts", "tokens", "mean acceptance length", "acceptance at draft 1..k",
@@ -73,10 +84,6 @@ class BenchControls:
     @property
     def results(self) -> list:
         return [self.status, self.summary, self.categories, self.chart, self.report, self.csv]
-
-
-def status_html(text: str, kind: str = "info") -> str:
-    return f'<div class="sl-status-{kind}">{escape(text)}</div>' if text else ""
 
 
 # ---------------------------------------------------------------------- pure pieces the listeners show
@@ -136,7 +143,7 @@ def work_note(plan: BenchPlan, num_questions: int, budget: int | None) -> str:
 
 
 def summary_table(rows: list[dict]) -> list[list]:
-    return [[BenchConfig(r["method"], r["mode"], r["k"]).label, r["prompts"], r["generated_tokens"],
+    return [[BenchConfig(method=r["method"], mode=r["mode"], num_spec_tokens=r["k"]).label, r["prompts"], r["generated_tokens"],
              round(r["mean_acceptance_length"], 2),
              " · ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "-",
              round(r["tokens_per_s"], 1), "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
@@ -144,7 +151,7 @@ def summary_table(rows: list[dict]) -> list[list]:
 
 
 def category_rows_table(rows: list[dict]) -> list[list]:
-    return [[BenchConfig(r["method"], r["mode"], r["k"]).label, r["category"], r["prompts"],
+    return [[BenchConfig(method=r["method"], mode=r["mode"], num_spec_tokens=r["k"]).label, r["category"], r["prompts"],
              round(r["mean_acceptance_length"], 2), round(r["tokens_per_s"], 1)] for r in rows]
 
 
@@ -197,11 +204,8 @@ def build_bench_tab(session: Session, hosting: Hosting) -> BenchControls:
 
 
 # ---------------------------------------------------------------------- listeners
-def register_bench_listeners(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Hosting) -> None:
-    """`model`: the visitor's models (views.Controls.model), which every run measures."""
-
-    def shown_session(name: str) -> Session:
-        return Session(cache.peek(name) or cache.peek(cache.default_name))
+def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Hosting) -> None:
+    """`model`: the visitor's models (Controls.model), which every run measures."""
 
     def questions_of(path):
         try:
@@ -213,7 +217,7 @@ def register_bench_listeners(b: BenchControls, model: gr.State, cache: ModelCach
         """Check the plan, then measure it, saying which prompt of which configuration runs; at the end
         the tables, the chart, the CLI's report and the CSV."""
         try:
-            session = cache.session(name)
+            session = visitor_session(cache, name)
             questions, source = questions_of(path)
             plan = BenchPlan.of(methods, modes, ks, num_prompts, max_new_tokens)
             plan.check(session)
@@ -247,7 +251,7 @@ def register_bench_listeners(b: BenchControls, model: gr.State, cache: ModelCach
         plan = BenchPlan.of(*plan_values[:3], n, plan_values[4])
         return {b.prompt_note: prompt_note(questions, source),
                 b.num_prompts: gr.Slider(maximum=max(len(questions), 2), value=n),
-                b.work: work_note(plan, len(questions), hosting.bench_budget(shown_session(name).device))}
+                b.work: work_note(plan, len(questions), hosting.bench_budget(shown_session(cache, name).device))}
 
     def plan_work(name, path, *plan_values):
         """The work line for the plan as it stands (no engine, no file read beyond the prompt count)."""
@@ -255,18 +259,18 @@ def register_bench_listeners(b: BenchControls, model: gr.State, cache: ModelCach
             questions, _ = questions_of(path)
         except RequestError:
             return gr.skip()
-        return work_note(BenchPlan.of(*plan_values), len(questions), hosting.bench_budget(shown_session(name).device))
+        return work_note(BenchPlan.of(*plan_values), len(questions), hosting.bench_budget(shown_session(cache, name).device))
 
     def bench_stopped():
         return status_html("stopped", "done")
 
     def models_changed(name):
         """The visitor chose other models in the Chat tab: what this tab offers follows them."""
-        session = shown_session(name)
+        session = shown_session(cache, name)
         return {b.model_note: model_note(session), b.methods: gr.CheckboxGroup(**method_options(session)),
                 b.modes: gr.CheckboxGroup(**mode_options(session))}
 
-    ui = dict(api_visibility="private")
+    ui = PRIVATE
     inputs = [model, b.prompt_file, *b.plan_inputs]
     running = b.run.click(zerogpu.on_gpu(run_benchmark, zerogpu.BENCH_SECONDS), inputs=inputs, outputs=b.results,
                           show_progress_on=[b.summary, b.chart], concurrency_id=ENGINE, **ui)

@@ -9,10 +9,10 @@ import html
 
 import plotly.graph_objects as go
 
-from demo.service.chat import StepPoint
 from demo.metrics import DEFINITIONS, AcceptanceStats
-from demo.ui.html.render import depth_color
+from demo.service.chat import StepPoint
 from demo.tree import DraftTree
+from demo.ui.html.render import depth_color
 
 DRAFT_COLOR = "#48b5c4"
 VERIFY_COLOR = "#22559f"

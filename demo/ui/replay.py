@@ -20,8 +20,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from demo.service.chat import ChatState, RunTrace, TokenPiece
 from demo.metrics import AcceptanceStats
+from demo.service.chat import ChatState, RunTrace, TokenPiece
 
 REAL_TIME = "real time"
 PACES = {REAL_TIME: None, "1 step / s": 1.0, "4 steps / s": 0.25}  # label -> seconds a step stays on screen

@@ -1,6 +1,6 @@
 """The chat page's "Download trace (JSON)" button: after every reply (finished or stopped), the
 latest run's trace as a file (demo/service/export.py's trace_json), with the versions and device that made it.
-A layout builder and a function that registers its listeners, as demo/views.py has for the chat."""
+A layout builder and a function that registers its listeners."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import gradio as gr
 from demo.service.chat import ChatState
 from demo.service.downloads import write_download
 from demo.service.export import environment, trace_json
-from demo.service.session import ModelCache, Session
+from demo.service.model_cache import ModelCache
+from demo.service.session import Session, shown_session
+from demo.ui.events import PRIVATE
 
 
 def trace_file(session: Session, chat: ChatState) -> str | None:
@@ -34,19 +36,18 @@ def build_trace_download() -> gr.DownloadButton:
                              elem_id="sl-trace-download")
 
 
-def register_trace_download(button: gr.DownloadButton, chat: gr.State, model: gr.State, replies: list,
-                            cleared, cache: ModelCache) -> None:
+def register(c, cache: ModelCache, replies: list, cleared) -> None:
     """replies: the events after which the chat holds a new reply (generated or stopped); cleared:
-    the event after which it holds none."""
+    the event after which it holds none (c: demo.ui.controls.Controls)."""
 
     def trace_download(state: ChatState, name: str):
-        path = trace_file(Session(cache.peek(name) or cache.peek(cache.default_name)), state)
+        path = trace_file(shown_session(cache, name), state)
         return gr.DownloadButton(value=path, interactive=path is not None)
 
     def no_trace():
         return gr.DownloadButton(value=None, interactive=False)
 
-    ui = dict(api_visibility="private", show_progress="hidden")
+    quiet = dict(show_progress="hidden", **PRIVATE)
     for event in replies:
-        event.then(trace_download, inputs=[chat, model], outputs=[button], **ui)
-    cleared.then(no_trace, outputs=[button], **ui)
+        event.then(trace_download, inputs=[c.chat, c.model], outputs=[c.trace_download], **quiet)
+    cleared.then(no_trace, outputs=[c.trace_download], **quiet)

@@ -9,9 +9,17 @@ Each test runs one short greedy generation of the embedded default (a chain of 3
 import time
 from pathlib import Path
 
-from tests.browser.driver import (app_in_browser, bundled_drafters_exist, click, css, screenshot_path, tree_step, usable,
-                           wait_for)
 from tests.browser import driver as browser
+from tests.browser.driver import (
+    app_in_browser,
+    bundled_drafters_exist,
+    click,
+    css,
+    screenshot_path,
+    tree_step,
+    usable,
+    wait_for,
+)
 
 pytestmark = browser.pytestmark  # skipped without chromium, as every browser test
 

@@ -179,7 +179,7 @@ def test_at_one_step_a_second_the_reply_appears_step_by_step_and_replays(app_url
 
 
 def example_prompts() -> list[str]:
-    from demo.views import example_prompts as read
+    from demo.ui.assets import example_prompts as read
 
     return read()
 

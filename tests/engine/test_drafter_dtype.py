@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from demo import drafter_common
+from demo.config import TreeShape
 from demo.drafter_common import drafter_dtype
 from demo.engine import Engine
 from demo.target import Target
-from demo.tree import TreeShape
 from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig, compile_step
+from demo.config import GenerationConfig, TreeShape
+from demo.engine import Engine, compile_step
 from demo.target import Target
-from demo.tree import TreeShape
 from tests.tiny import OracleDrafter, corrupted_oracle, hf_greedy, run, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
@@ -206,7 +206,8 @@ def test_a_prompt_padded_to_its_bucket_emits_what_the_unpadded_prompt_emits(tree
     drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
     outs = {}
     for pad in (False, True):
-        engine = Engine(target, drafter, max_context=200, pad_prefill=pad)
+        engine = Engine(target, drafter, max_context=200)
+        engine.pad_prefill = pad  # what a GPU does, here on the CPU
         outs[pad] = run(engine, PROMPT, max_new_tokens=30, num_spec_tokens=3, tree=tree, stop_token_ids=())
     assert outs[True][0] == outs[False][0] == ref
     assert [e.draft_ids for e in outs[True][1]] == [e.draft_ids for e in outs[False][1]]  # the drafter saw the same
@@ -218,10 +219,10 @@ def test_a_cpu_attending_over_the_slots_in_use_writes_what_attending_over_the_wh
     drafter = tiny_drafter("eagle3", target)
     gen = GenerationConfig(max_new_tokens=150, num_spec_tokens=4, tree=tree, stop_token_ids=())
     cut = Engine(target, drafter, max_context=512)
-    assert cut._attended(70) == 128 and cut._attended(600) == 512
+    assert cut.attended(70) == 128 and cut.attended(600) == 512
     prompt = list(range(3, 60))
     events = list(cut.generate(prompt, gen))
-    monkeypatch.setattr(Engine, "_attended", lambda self, used: None)  # the whole cache, as a GPU attends
+    monkeypatch.setattr(Engine, "attended", lambda self, used: None)  # the whole cache, as a GPU attends
     whole = list(Engine(target, drafter, max_context=512).generate(prompt, gen))
     assert [e.token_ids for e in events] == [e.token_ids for e in whole]  # prefix crossed several rounds
     assert [e.num_accepted for e in events] == [e.num_accepted for e in whole]

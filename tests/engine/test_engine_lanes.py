@@ -5,15 +5,15 @@ No GPU here, so the graphs, events and pinned copies are stood in for by synchro
 buffer before s is read. What the stand-in proves is the order: step s is read from its own lane's
 copy, the generator's draws come in eager's order, a step that may end on the budget is never run
 ahead (past the context a slot index fails at once on a CPU), and a step run ahead of a stop token
-is wasted but changes nothing. tests/test_cuda.py checks the same on a GPU with real graphs."""
+is wasted but changes nothing. tests/gpu/test_graph_mode_gpu.py checks the same on a GPU with real graphs."""
 
 import pytest
 import torch
 
 import demo.engine as engine_module
-from demo.engine import Engine, GenerationConfig
+from demo.config import GenerationConfig, TreeShape
+from demo.engine import Engine
 from demo.target import Target
-from demo.tree import TreeShape
 from tests.tiny import corrupted_oracle, hf_greedy, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]

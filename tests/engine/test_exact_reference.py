@@ -8,9 +8,9 @@ On this CPU, tiny random targets in bf16 (many near-ties) gave the 1-row referen
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig, target_only_width
+from demo.config import DraftShape, GenerationConfig, TreeShape
+from demo.engine import Engine, target_only_width
 from demo.target import Target
-from demo.tree import DraftShape, TreeShape
 from tests.tiny import hf_greedy, tiny_drafter, tiny_hf
 
 PROMPTS = [torch.randint(3, 200, (9,), generator=torch.Generator().manual_seed(seed)).tolist() for seed in range(12)]

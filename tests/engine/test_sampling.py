@@ -4,8 +4,9 @@ distribution exactly."""
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig
-from demo.sampling import SamplingParams, ShownProbs, target_probs, verify_greedy, verify_sampled
+from demo.config import GenerationConfig, SamplingParams
+from demo.engine import Engine
+from demo.sampling import ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from tests.tiny import six_token_target, tiny_drafter, tiny_hf
 

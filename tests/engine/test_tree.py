@@ -6,9 +6,10 @@ target's distribution. Tiny random models on the CPU."""
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig
+from demo.config import MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
+from demo.engine import Engine
 from demo.target import Target
-from demo.tree import MAX_TREE_TOPK, DraftShape, TreeShape, ancestors, tree_attention_mask, tree_seen_slots
+from demo.tree import ancestors, tree_attention_mask, tree_seen_slots
 from tests.tiny import corrupted_oracle, hf_greedy, run, six_token_target, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from demo.sampling import verify_greedy, verify_sampled
-from demo.tree_verify import (tree_pointmass_rule, tree_q_rule, verify_tree_greedy,
-                              verify_tree_pointmass, verify_tree_q)
+from demo.tree_verify import tree_pointmass_rule, tree_q_rule, verify_tree_greedy, verify_tree_pointmass, verify_tree_q
 
 
 def _tree(parents, tokens):

@@ -3,9 +3,10 @@ output is lossless is proven for any drafter in test_engine.py)."""
 
 import pytest
 
-from demo.models.checkpoints import load_drafter
-from demo.engine import Engine, GenerationConfig
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from demo.metrics import AcceptanceStats
+from demo.models.checkpoints import load_drafter
 from demo.models.presets import bundled_drafter_dir
 from demo.models.prompts import chat_ids
 from demo.target import Target

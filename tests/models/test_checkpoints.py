@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from demo.models.checkpoints import DrafterLoadError, load_drafter, read_drafter_config, save_drafter, write_hot_tokens
-from demo.engine import Engine, GenerationConfig
 from demo.models.presets import DEFAULT_PRESET, PRESETS, Preset, bundled_drafter_dir, get_preset
 from tests.tiny import tiny_drafter, tiny_target
 

@@ -37,8 +37,14 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from demo.models.checkpoints import (DrafterLoadError, load_drafter, read_aux_layer_ids, read_drafter, read_drafter_config,
-                              save_drafter)
+from demo.models.checkpoints import (
+    DrafterLoadError,
+    load_drafter,
+    read_aux_layer_ids,
+    read_drafter,
+    read_drafter_config,
+    save_drafter,
+)
 from demo.models.export_drafter import ExportError, export_drafter, main
 from demo.models.presets import bundled_drafter_dir
 from tests.models.test_checkpoints import own_state, tokens_and_drafts

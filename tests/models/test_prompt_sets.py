@@ -11,7 +11,7 @@ import pytest
 
 from demo.models.prompts import read_questions
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "assets" / "prompts"
 CATEGORIES = PROMPTS / "categories.jsonl"
 EIGHT = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")

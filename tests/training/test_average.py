@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from training.average import average_drafters, main
 from demo.models.checkpoints import DrafterLoadError, load_drafter, read_checkpoint, save_drafter, write_hot_tokens
 from tests.tiny import tiny_drafter, tiny_target
+from training.average import average_drafters, main
 
 
 def saved(tmp_path, name, target, seed, **kw):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.training.helpers import VOCAB, byte_tokenizer, records, tiny_run_inputs
 from training.data import (
     ShardWriter,
     build_draft_vocab,
@@ -20,7 +21,6 @@ from training.data import (
     read_sharegpt,
     split_holdout,
 )
-from tests.training.helpers import VOCAB, byte_tokenizer, records, tiny_run_inputs
 
 
 def test_loss_mask_marks_exactly_the_assistant_turns():

@@ -12,8 +12,8 @@ import numpy as np
 
 from demo.models.checkpoints import load_drafter
 from demo.target import Target
-from training.data import length_batches, load_shards
 from tests.training.helpers import tiny_hf, tiny_run_inputs
+from training.data import length_batches, load_shards
 
 
 def test_two_rank_data_parallel_run_stays_in_lockstep_and_saves_one_drafter(tmp_path):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from demo.engine import Engine, GenerationConfig
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from demo.target import Target
-from training.generate import BatchGenConfig, BatchGenerator
 from tests.training.helpers import IM_END, cuda, tiny_hf
+from training.generate import BatchGenConfig, BatchGenerator
 
 
 def test_batched_regeneration_equals_per_row_greedy_decoding():

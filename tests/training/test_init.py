@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaForCausalLM
 
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from demo.models.checkpoints import load_drafter
-from demo.engine import Engine, GenerationConfig
 from demo.target import Target
 from tests.training.helpers import VOCAB, tiny_run_inputs, train_cli
 

@@ -11,11 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from demo.config import GenerationConfig
 from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
-from demo.engine import Engine, GenerationConfig
+from demo.engine import Engine
 from demo.target import Target
+from tests.training.helpers import VOCAB, cuda, tiny_hf, tiny_pair
 from training.data import build_draft_vocab
 from training.losses import (
     chain_acceptance,
@@ -27,7 +29,6 @@ from training.losses import (
     rope_for,
     run_target,
 )
-from tests.training.helpers import VOCAB, cuda, tiny_hf, tiny_pair
 
 
 def random_norms(drafter) -> None:

@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from demo.engine import Engine, GenerationConfig
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from demo.target import Target
+from tests.training.helpers import VOCAB, cuda, records, tiny_run_inputs, train_cli
 from training import head_loss_kernel
 from training.data import SequenceSet, load_shards, split_holdout
-from tests.training.helpers import VOCAB, cuda, records, tiny_run_inputs, train_cli
 
 
 def test_training_refuses_held_out_records_and_mixed_splits_and_keeps_the_recorded_split_without_sharegpt(

@@ -14,9 +14,9 @@ from demo.drafter_common import DrafterConfig
 from demo.drafter_eagle3 import Eagle3Drafter
 from demo.engine import Engine
 from demo.target import Target
-from training.data import ShardWriter
 from tests import tiny
 from tests.training.helpers import tiny_hf, tiny_run_inputs
+from training.data import ShardWriter
 
 
 def test_validation_prompts_from_an_exported_directory(tmp_path):

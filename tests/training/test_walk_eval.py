@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from demo.engine import Engine, GenerationConfig
-from training.data import SequenceSet, ShardWriter, load_shards
-from training.walk_eval import WalkResult, walk_eval
-from training.losses import eagle3_chain_walk, run_target
+from demo.config import GenerationConfig
+from demo.engine import Engine
 from tests.training.helpers import cuda, tiny_pair, tiny_run_inputs, train_cli
+from training.data import SequenceSet, ShardWriter, load_shards
+from training.losses import eagle3_chain_walk, run_target
+from training.walk_eval import WalkResult, walk_eval
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle3-shared"])

@@ -4,12 +4,19 @@ import copy
 
 import pytest
 
-from demo.service.chat import StepPoint
-from demo.ui.figures import (REJECTED_COLOR, acceptance_figure, acceptance_length_figure, latency_figure,
-                          throughput_figure, tree_figure, tree_rows)
 from demo.metrics import AcceptanceStats
-from demo.ui.html.render import depth_color
+from demo.service.chat import StepPoint
 from demo.tree import DraftTree
+from demo.ui.figures import (
+    REJECTED_COLOR,
+    acceptance_figure,
+    acceptance_length_figure,
+    latency_figure,
+    throughput_figure,
+    tree_figure,
+    tree_rows,
+)
+from demo.ui.html.render import depth_color
 
 
 def points() -> list[StepPoint]:

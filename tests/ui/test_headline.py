@@ -5,9 +5,9 @@ from html.parser import HTMLParser
 
 import pytest
 
+from demo.metrics import AcceptanceStats
 from demo.service.chat import Comparison, RunTrace, StepRecord
 from demo.ui.html.headline import baseline_key, record_baseline, render_headline, speedup
-from demo.metrics import AcceptanceStats
 
 
 def text_of(html: str) -> str:

@@ -1,16 +1,25 @@
 """One step taken apart (demo/ui/html/inspector.py): the rejected draft a step shows, each draft's verdict
 under the three acceptance rules, and the inspector's HTML. Hand-made steps, no model."""
 
-from tests.html_text import shown
-
 import pytest
 
-from demo.service.chat import RunTrace, StepRecord
-from demo.ui.html.inspector import (GREEDY, POINTMASS, Q, HINT, acceptance_rule, positions, rejected_ids, rejected_nodes,
-                            rejected_texts, render_inspector, shown_ids)
 from demo.metrics import AcceptanceStats
+from demo.service.chat import RunTrace, StepRecord
 from demo.tree import DraftTree
-
+from demo.ui.html.inspector import (
+    GREEDY,
+    HINT,
+    POINTMASS,
+    Q,
+    acceptance_rule,
+    positions,
+    rejected_ids,
+    rejected_nodes,
+    rejected_texts,
+    render_inspector,
+    shown_ids,
+)
+from tests.html_text import shown
 
 page = shown
 

@@ -7,15 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from demo.ui.figures import CHART_DEFINITIONS, acceptance_figure
 from demo.metrics import DEFINITIONS, AcceptanceStats
 from demo.service.chat import ChatState, IncrementalDecoder, RunTrace, TokenPiece, Turn, provenance
-from demo.ui.html.render import (DEPTH_COLORS, depth_color, render_chat, render_comparison, render_legend, render_reply,
-                         render_stats, render_user)
+from demo.ui.figures import CHART_DEFINITIONS, acceptance_figure
+from demo.ui.html.render import (
+    DEPTH_COLORS,
+    depth_color,
+    render_chat,
+    render_comparison,
+    render_legend,
+    render_reply,
+    render_stats,
+    render_user,
+)
 from tests.html_text import shown
 from tests.tiny_chat import byte_tokenizer
-
-
 
 
 def pieces_of(texts, depths=None) -> list[TokenPiece]:
@@ -191,7 +197,7 @@ def test_draft_positions_are_numbered_1_to_k_in_the_stats_charts_and_explainer()
              "acceptance_at_0_after_full": 1.0, "steps_after_rejection": 1, "acceptance_at_0_after_rejection": 0.0}
     panel = shown(render_stats(stats, DEFINITIONS)).text
     fig = acceptance_figure(AcceptanceStats(2))
-    explainer = (Path(__file__).parents[1] / "assets" / "explainer.md").read_text()
+    explainer = (Path(__file__).parents[2] / "assets" / "explainer.md").read_text()
     shown_words = [panel, *CHART_DEFINITIONS.values(), explainer, fig.layout.title.text,
                    fig.layout.xaxis.title.text]
     assert "draft 1: 90% · draft 2: 50%" in panel and "draft 1 after a full · a rejected step" in panel

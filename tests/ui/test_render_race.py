@@ -5,8 +5,8 @@ T = 0 identity."""
 from __future__ import annotations
 
 from demo.service.chat import Comparison, TokenPiece, Turn
-from demo.ui.html.render import render_comparison
 from demo.ui.html.race import render_race, render_race_hint
+from demo.ui.html.render import render_comparison
 from tests.ui.test_replay import hand_trace
 
 

@@ -7,11 +7,27 @@ import copy
 
 import pytest
 
-from demo.service.chat import RunTrace, StepPoint
 from demo.metrics import AcceptanceStats
-from demo.ui.replay import (PACES, REAL_TIME, Frame, chat_at, coalesce, pieces_at, play, race_frames, race_scale,
-                         replay_frames, stats_at, step_at, step_times, tokens_at, tokens_per_call, trace_at)
-from demo.service.session import Request
+from demo.service.chat import RunTrace, StepPoint
+from demo.service.request import Request
+from demo.ui.replay import (
+    PACES,
+    REAL_TIME,
+    Frame,
+    chat_at,
+    coalesce,
+    pieces_at,
+    play,
+    race_frames,
+    race_scale,
+    replay_frames,
+    stats_at,
+    step_at,
+    step_times,
+    tokens_at,
+    tokens_per_call,
+    trace_at,
+)
 from tests.tiny_chat import tiny_session
 
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from demo.service.chat import RunTrace, StepRecord
-from demo.ui.html.render import escape
 from demo.tree import DraftTree
+from demo.ui.html.render import escape
 
 GREEDY, POINTMASS, Q = "greedy", "pointmass", "q"
 RULES = {

@@ -16,7 +16,7 @@ RACE_HINT = ("Tick “Compare with target-only” and generate: the race then re
              "side by side, each at its measured pace (engine time).")
 
 
-def render_lane(label: str, reply: Turn, trace: RunTrace, step: int, total_tokens: int) -> str:
+def render_runner(label: str, reply: Turn, trace: RunTrace, step: int, total_tokens: int) -> str:
     """One lane: its tokens so far (coloured by provenance), a bar of tokens out of the longer reply,
     target calls so far, and when it finished."""
     shown = pieces_at(reply.pieces, step)
@@ -57,8 +57,8 @@ def render_race(label: str, reply: Turn, spec: RunTrace, baseline_reply: Turn, b
     """Both lanes after `t` engine seconds (steps: the last step each had finished; `label` names the
     speculative run's method); the summary once both have finished and the comparison is known."""
     total = max(len(reply.pieces), len(baseline_reply.pieces))
-    lanes = (render_lane(label, reply, spec, steps[0], total) +
-             render_lane("target only", baseline_reply, baseline, steps[1], total))
+    lanes = (render_runner(label, reply, spec, steps[0], total) +
+             render_runner("target only", baseline_reply, baseline, steps[1], total))
     finished = steps[0] >= len(spec.points) and steps[1] >= len(baseline.points)
     summary = render_race_summary(label, spec, comparison) if finished and comparison else ""
     return (f'<div class="sl-race"><div class="sl-race-clock">engine time {t:.2f} s</div>{lanes}{summary}</div>')

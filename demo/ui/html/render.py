@@ -200,3 +200,14 @@ def render_comparison(speedup: float, spec_tps: float, base_tps: float, identica
         lines.append(f'<div class="sl-identity sl-bad">✗ T = 0: differs from target-only decoding{wide} at token '
                      f"{first_difference}.{note}</div>")
     return '<div class="sl-compare">' + "".join(lines) + "</div>"
+
+
+def status_html(text: str, kind: str = "info") -> str:
+    """A status line: kind "info" while something runs, "done" after it."""
+    return f'<div class="sl-status-{kind}">{escape(text)}</div>' if text else ""
+
+
+def notices_html(warnings: list[str]) -> str:
+    """The models' warnings (a random-init drafter, a drafter's note), or nothing."""
+    items = "".join(f"<li>{escape(w)}</li>" for w in warnings)
+    return f'<div class="sl-warning"><b>⚠ Note</b><ul>{items}</ul></div>' if items else ""

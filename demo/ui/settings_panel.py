@@ -1,0 +1,125 @@
+"""The settings in the sidebar: method, mode, k and the draft's shape, sampling, max new tokens,
+seed and the target-only comparison; the legend follows k, the comparison follows the method, the
+tree's options follow the shape. Phones start with the sidebar closed ("⚙ Settings" opens it).
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, default_tree
+from demo.methods import METHOD_LABELS, MODE_LABELS
+from demo.service.model_cache import RANDOM_INIT
+from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON
+from demo.service.session import Session
+from demo.service.settings import AppSettings
+from demo.ui.controls import Controls
+from demo.ui.events import PRIVATE
+from demo.ui.html.render import render_legend, status_html
+
+DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
+    ("pointmass: top choices, accepted with p", "pointmass"),
+    ("q: drawn from q, accepted with min(1, p/q)", "q"),
+]
+# At phone width (Gradio's sidebar turns full-screen at 768 px) the settings start closed, so the
+# title, the prompt and the text come first; "Settings" opens them.
+CLOSE_SETTINGS_ON_PHONES_JS = """() => {
+  if (!window.matchMedia('(max-width: 768px)').matches) return;
+  let tries = 50;
+  const close = () => {
+    const bar = document.querySelector('#sl-sidebar');
+    if (bar && bar.classList.contains('open')) bar.querySelector('.toggle-button').click();
+    else if (!bar && tries-- > 0) setTimeout(close, 100);
+  };
+  close();
+}"""
+TOGGLE_SETTINGS_JS = "() => { document.querySelector('#sl-sidebar .toggle-button')?.click(); }"
+
+
+def method_choices(session: Session) -> list[tuple[str, str]]:
+    return [(METHOD_LABELS[m] + (" (random-init)" if session.drafter_labels.get(m) == RANDOM_INIT else ""), m)
+            for m in session.methods()]
+
+
+def default_method(session: Session) -> str:
+    return session.methods()[-1]  # EAGLE-3 when loaded, else EAGLE, else target only
+
+
+def compare_options(method: str) -> dict:
+    """The comparison checkbox's state for `method`: off for target only, which is the baseline."""
+    if method == "none":
+        return dict(interactive=False, info=f"not for target only: {NO_COMPARISON}")
+    return dict(interactive=True, info="then run the same prompt without drafts: speedup, and at T = 0 a "
+                "token-identity check")
+
+
+def build_settings(session: Session, defaults: AppSettings) -> dict:
+    """Every setting of a request (the preset and "Your own models" are demo/ui/models_panel.py's)."""
+    method = gr.Radio(method_choices(session), value=defaults.method or default_method(session),
+                      label="Drafting method", elem_id="sl-method")
+    unavailable = session.cudagraph_unavailable()
+    gen = DEFAULT_REQUEST.gen
+    mode = gr.Radio([(label, mode) for mode, label in MODE_LABELS.items()], value=DEFAULT_REQUEST.mode, label="Mode",
+                    interactive=unavailable is None, elem_id="sl-mode",
+                    info=f"CUDA graph unavailable: {unavailable}." if unavailable else
+                    "CUDA graph: each step replays graphs captured before the first request.")
+    k, tree = session.default_draft()
+    lo, hi = LIMITS["num_spec_tokens"]
+    num_spec_tokens = gr.Slider(lo, hi, value=defaults.k or k, step=1, label="k: chain length or tree depth",
+                                elem_id="sl-k", info="draft tokens per step in a chain; a tree's depth")
+    draft_shape = gr.Radio(["chain", "tree"], value="tree" if tree else "chain", label="Drafting shape",
+                           elem_id="sl-shape", info="chain: k drafts in a row; tree: top-k children per node, k deep")
+    tree = tree or default_tree(session.device.type)
+    with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
+        tree_topk = gr.Slider(1, MAX_TREE_TOPK, value=tree.topk, step=1, label="Tree top-k", elem_id="sl-tree-topk",
+                              info="children expanded per node (1: a chain)")
+        num_draft_tokens = gr.Slider(0, MAX_DRAFT_TOKENS, value=tree.num_draft_tokens, step=1,
+                                     label="Tokens verified per step", elem_id="sl-draft-tokens",
+                                     info="the root included; 0 = every drafted node")
+    draft_sampling = gr.Radio(DRAFT_SAMPLING_CHOICES, value=gen.draft_sampling, label="Draft sampling at T > 0",
+                              elem_id="sl-draft-sampling", info="at T = 0 drafts are the drafter's top choices")
+    temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
+                            info="0 = greedy (identical to target-only)", elem_id="sl-temperature")
+    top_p = gr.Slider(*LIMITS["top_p"], value=gen.top_p, step=0.01, label="Top-p", elem_id="sl-top-p")
+    max_new_tokens = gr.Slider(*LIMITS["max_new_tokens"], value=defaults.max_new_tokens or gen.max_new_tokens, step=1,
+                               label="Max new tokens", elem_id="sl-max-new")
+    seed = gr.Number(gen.seed, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
+                     elem_id="sl-seed")
+    compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
+                          **compare_options(method.value))
+    return dict(method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
+                tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
+                draft_sampling=draft_sampling, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                seed=seed, compare=compare)
+
+
+def register(c: Controls) -> None:
+    """What follows a setting on the page at once (no queue, no engine)."""
+
+    def k_changed(k):
+        """The legend for k; a k typed out of range is refused in a sentence (the box then puts its
+        value back in range). Reads the raw value: Gradio's own bounds check would log a traceback."""
+        lo, hi = LIMITS["num_spec_tokens"]
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not lo <= k <= hi or k != int(k):
+            message = f"k = {k} is not allowed: k is a whole number from {lo} to {hi}."
+            gr.Warning(message)
+            return {c.legend: gr.skip(), c.status: status_html(message)}
+        return {c.legend: render_legend(int(k)), c.status: gr.skip()}
+
+    def k_released(evt: gr.EventData):
+        """On leaving the number box, which sends the typed value, then clamps it to the slider's range."""
+        return k_changed(evt._data)
+
+    def method_options(method):
+        return gr.update(**compare_options(method))
+
+    def shape_options(shape):
+        return gr.Column(visible=shape == "tree")
+
+    now = dict(queue=False, **PRIVATE)
+    c.num_spec_tokens.change(k_changed, inputs=[c.num_spec_tokens], outputs=[c.legend, c.status], preprocess=False,
+                             **now)
+    c.num_spec_tokens.release(k_released, outputs=[c.legend, c.status], **now)
+    c.method.change(method_options, inputs=[c.method], outputs=[c.compare], **now)
+    c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], **now)
+    c.settings_button.click(None, js=TOGGLE_SETTINGS_JS, **PRIVATE)
