@@ -717,14 +717,15 @@ class Engine:
                 packed = b.result.tolist()  # the one device-to-host sync of this step
                 draft_ms, verify_ms = timer.read()
             n, tokens, probs, tree, target_top, draft_top = unpack_result(packed, k, shape.nodes)
-            if k:
-                stats.observe_draft(k, n)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
+            kept = min(n, len(emitted))  # accepted drafts the reply keeps: none past its end
+            if k:
+                stats.observe_draft(k, kept)
             generated += len(emitted)
             done = reason is not None
             if done and ahead:  # the step run ahead was wasted: this generation pays for it
                 ahead_lane.copied.synchronize()
-            stats.observe_step(len(emitted), draft_ms, verify_ms)
+            stats.observe_step(len(emitted), draft_ms, verify_ms, kept)
             stats.elapsed_s += time.perf_counter() - clock
             end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
             resampled = not params.greedy and end in tree.parents and len(emitted) == n + 1

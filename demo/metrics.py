@@ -7,8 +7,13 @@ Vocabulary (the same words label every chart):
   sampled: each passes the rejection test). Counting stops at the first rejection.
 - the target's own token: the one token the target adds at the end of every step, either the
   correction after a rejection or the bonus token when all k drafts were accepted.
-- mean acceptance length = 1 + accepted / drafts: tokens emitted per target forward; it includes the
-  target's own token (vLLM's convention, ``SpecDecodingStats`` in vllm/v1/spec_decode/metrics.py).
+- tokens per target call = (accepted + the target's own tokens) / decoding steps: a run's T tokens
+  are its A accepted drafts plus S target tokens, in S target calls, plus the prefill's one token
+  (``accounting``). Only what the reply kept counts: a draft accepted after the end of the reply (a
+  stop token, the token budget) is not emitted, so it is not counted accepted either.
+- mean acceptance length = 1 + accepted / drafts (vLLM's convention, ``SpecDecodingStats`` in
+  vllm/v1/spec_decode/metrics.py): the same figure as tokens per target call, but for a last step
+  cut before its own token.
 - acceptance at token i = share of steps with at least i+1 drafts accepted (a survival curve, not a
   conditional rate), so mean acceptance length = 1 + sum of acceptance at every token.
 - acceptance at token 0 after a full chain / after a rejection: the same share over the steps that
@@ -28,8 +33,10 @@ from dataclasses import dataclass, field
 
 MEAN_ACCEPTANCE_LENGTH = "mean acceptance length"
 DEFINITIONS = {
-    "mean_acceptance_length": "Tokens emitted per target forward: 1 + accepted / drafts "
-    "(includes the target's own token).",
+    "tokens_per_call": "Tokens per target call: (accepted drafts + the target's own tokens) / decoding steps; "
+    "the prefill's first token aside.",
+    "mean_acceptance_length": "1 + accepted drafts per drafting step (vLLM's measure): tokens per target call, "
+    "but for a last step cut before its own token.",
     "acceptance_per_position": "Acceptance at draft i (i = 1..k, the i-th draft token of a step): share of "
     "steps whose first i drafts were all accepted.",
     "tokens_per_s": "Generated tokens per second of engine time (prefill included, UI time excluded).",
@@ -54,6 +61,7 @@ class AcceptanceStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [k] steps with >= i+1 accepted
     num_steps: int = 0  # target forwards after prefill (with or without drafts)
     num_generated: int = 0  # tokens emitted, prefill token included
+    num_target_tokens: int = 0  # the target's own tokens that decoding steps emitted (correction or bonus)
     draft_ms_total: float = 0.0
     verify_ms_total: float = 0.0
     prefill_ms: float = 0.0
@@ -69,7 +77,8 @@ class AcceptanceStats:
             self.accepted_per_position = [0] * self.num_spec_tokens
 
     def observe_draft(self, num_draft: int, num_accepted: int) -> None:
-        """Count one verified draft of num_draft tokens of which the first num_accepted passed."""
+        """Count one verified draft of num_draft tokens of which the first num_accepted passed and were
+        emitted (a draft past the end of the reply is not counted)."""
         assert 0 <= num_accepted <= num_draft <= self.num_spec_tokens
         self.num_drafts += 1
         self.num_draft_tokens += num_draft
@@ -89,10 +98,13 @@ class AcceptanceStats:
         self.prefill_ms += prefill_ms
         self.num_generated += 1
 
-    def observe_step(self, num_emitted: int, draft_ms: float, verify_ms: float) -> None:
-        """Count one target forward that emitted num_emitted tokens."""
+    def observe_step(self, num_emitted: int, draft_ms: float, verify_ms: float, num_accepted: int) -> None:
+        """Count one target forward that emitted num_emitted tokens, num_accepted of them accepted
+        drafts (the rest, one or none, the target's own token)."""
+        assert 0 <= num_accepted <= num_emitted <= num_accepted + 1
         self.num_steps += 1
         self.num_generated += num_emitted
+        self.num_target_tokens += num_emitted - num_accepted
         self.draft_ms_total += draft_ms
         self.verify_ms_total += verify_ms
 
@@ -105,6 +117,7 @@ class AcceptanceStats:
         self.accepted_per_position = [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)]
         self.num_steps += other.num_steps
         self.num_generated += other.num_generated
+        self.num_target_tokens += other.num_target_tokens
         self.draft_ms_total += other.draft_ms_total
         self.verify_ms_total += other.verify_ms_total
         self.prefill_ms += other.prefill_ms
@@ -113,6 +126,20 @@ class AcceptanceStats:
         self.first_accepted_after_full += other.first_accepted_after_full
         self.steps_after_rejection += other.steps_after_rejection
         self.first_accepted_after_rejection += other.first_accepted_after_rejection
+
+    @property
+    def tokens_per_call(self) -> float:
+        """(accepted drafts + the target's own tokens) / decoding steps; 1 for the target alone."""
+        return (self.num_accepted_tokens + self.num_target_tokens) / self.num_steps if self.num_steps else 1.0
+
+    def accounting(self) -> str:
+        """The run's tokens in one line, the words every view uses: "A accepted drafts + S target tokens
+        = T tokens in S target calls (+ the prefill)"."""
+        prefill = self.num_generated - self.num_accepted_tokens - self.num_target_tokens
+        return (f"{self.num_accepted_tokens} accepted drafts + {self.num_target_tokens} target tokens "
+                f"{'+ 1 from the prefill ' if prefill == 1 else f'+ {prefill} from prefills ' if prefill else ''}"
+                f"= {self.num_generated} tokens in {self.num_steps} target calls (+ the prefill"
+                f"{'s' if prefill > 1 else ''})")
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -162,6 +189,8 @@ class AcceptanceStats:
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_steps": self.num_steps,
             "num_generated": self.num_generated,
+            "num_target_tokens": self.num_target_tokens,
+            "tokens_per_call": self.tokens_per_call,
             "acceptance_at_0_after_full": self.acceptance_at_0_after_full,
             "acceptance_at_0_after_rejection": self.acceptance_at_0_after_rejection,
             "steps_after_full": self.steps_after_full,

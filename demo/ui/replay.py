@@ -56,7 +56,7 @@ def stats_at(trace: RunTrace, step: int) -> AcceptanceStats:
     for p in trace.points[:step]:
         if p.num_drafts:
             stats.observe_draft(p.num_drafts, p.num_accepted)
-        stats.observe_step(p.num_emitted, p.draft_ms, p.verify_ms)
+        stats.observe_step(p.num_emitted, p.draft_ms, p.verify_ms, p.num_accepted)
     stats.elapsed_s = trace.stats.elapsed_s if step >= len(trace.points) else step_times(trace)[step]
     return stats
 
@@ -83,11 +83,6 @@ def chat_at(chat: ChatState, step: int) -> ChatState:
     shown = replace(reply, pieces=pieces, text="".join(p.text for p in pieces),
                     state=reply.state if step >= len(chat.trace.points) else "streaming")
     return replace(chat, turns=[*chat.turns[:-1], shown], trace=trace_at(chat.trace, step), comparison=None)
-
-
-def tokens_per_call(stats: AcceptanceStats) -> float:
-    """Tokens per target forward, the prefill's included (a target-only run: 1)."""
-    return stats.num_generated / (stats.num_steps + 1)
 
 
 @dataclass(frozen=True)

@@ -226,3 +226,26 @@ def test_a_cpu_attending_over_the_slots_in_use_writes_what_attending_over_the_wh
     whole = list(Engine(target, drafter, max_context=512).generate(prompt, gen))
     assert [e.token_ids for e in events] == [e.token_ids for e in whole]  # prefix crossed several rounds
     assert [e.num_accepted for e in events] == [e.num_accepted for e in whole]
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+@pytest.mark.parametrize("end", ["stop", "budget"])
+def test_no_draft_accepted_after_the_end_of_the_reply_is_counted(tree, end):
+    # a perfect drafter, a reply ending inside a step: a stop token among the drafts, or the token
+    # budget; the counts must be those of the tokens the reply kept
+    hf = tiny_hf("llama")
+    ref = hf_greedy(hf, PROMPT, 30)
+    target = Target(hf)
+    engine = Engine(target, OracleDrafter(PROMPT + ref, target.config.vocab_size, target.config.hidden_size),
+                    max_context=128)
+    stop = (ref[9],) if end == "stop" else ()
+    tokens, events = run(engine, PROMPT, max_new_tokens=30 if end == "stop" else 10, num_spec_tokens=4, tree=tree,
+                         stop_token_ids=stop)
+    stats = events[-1].stats
+    assert len(tokens) == ref.index(ref[9]) + 1 if end == "stop" else len(tokens) == 10
+    cut = events[-1]
+    assert len(cut.token_ids) < cut.num_accepted + 1  # the last step was cut inside its accepted drafts
+    kept = sum(min(e.num_accepted, len(e.token_ids)) for e in events[1:])
+    assert stats.num_accepted_tokens == kept
+    assert stats.num_accepted_tokens + stats.num_target_tokens + 1 == stats.num_generated == len(tokens)
+    assert stats.tokens_per_call == pytest.approx((len(tokens) - 1) / stats.num_steps)

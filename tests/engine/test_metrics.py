@@ -10,7 +10,7 @@ def test_metrics_on_a_hand_built_trace():
     s.observe_prefill(5.0)
     for accepted in (3, 0, 1, 2):  # four steps of k=3
         s.observe_draft(3, accepted)
-        s.observe_step(accepted + 1, draft_ms=1.0, verify_ms=2.0)
+        s.observe_step(accepted + 1, draft_ms=1.0, verify_ms=2.0, num_accepted=accepted)
     s.elapsed_s = 0.5
     # 6 accepted over 4 drafts: 1 + 6/4
     assert s.mean_acceptance_length == pytest.approx(2.5)
@@ -21,6 +21,22 @@ def test_metrics_on_a_hand_built_trace():
     assert s.num_generated == 1 + 10
     assert s.tokens_per_s == pytest.approx(11 / 0.5)
     assert (s.mean_draft_ms, s.mean_verify_ms, s.prefill_ms) == (1.0, 2.0, 5.0)
+    assert s.num_target_tokens == 4 and s.tokens_per_call == pytest.approx((6 + 4) / 4)
+    assert s.accounting() == "6 accepted drafts + 4 target tokens + 1 from the prefill = 11 tokens in 4 target " \
+                             "calls (+ the prefill)"
+
+
+def test_a_step_cut_before_its_own_token_counts_no_target_token_and_tokens_per_call_follows_the_text():
+    s = AcceptanceStats(num_spec_tokens=3)
+    s.observe_prefill(5.0)
+    s.observe_draft(3, 3)
+    s.observe_step(4, 1.0, 2.0, num_accepted=3)
+    s.observe_draft(3, 2)  # the budget ends the reply after two accepted drafts: no own token
+    s.observe_step(2, 1.0, 2.0, num_accepted=2)
+    assert s.num_generated == 7 and s.num_target_tokens == 1
+    assert s.tokens_per_call == pytest.approx((7 - 1) / 2)  # what the text shows per step
+    with pytest.raises(AssertionError):
+        s.observe_step(3, 1.0, 2.0, num_accepted=1)  # a step adds one own token at most
 
 
 def test_table_format_matches_vllm_printout():

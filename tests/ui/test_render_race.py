@@ -29,8 +29,8 @@ def comparison(identical=True, first=None) -> Comparison:
 def test_each_lane_shows_the_tokens_its_run_had_emitted_after_that_step():
     html = render_race("EAGLE-3", SPEC_REPLY, SPEC, BASE_REPLY, BASE, 0.2, (1, 2), None)
     spec_lane, base_lane = html.split('class="sl-lane ')[1:]
-    assert spec_lane.count("sl-tok") == 5 and "5 tokens · 2 target calls" in spec_lane
-    assert base_lane.count("sl-tok") == 3 and "3 tokens · 3 target calls" in base_lane
+    assert spec_lane.count("sl-tok") == 5 and "5 tokens · 1 target calls (+ the prefill)" in spec_lane
+    assert base_lane.count("sl-tok") == 3 and "3 tokens · 2 target calls (+ the prefill)" in base_lane
     assert "finished" not in html and "sl-race-summary" not in html
     assert "engine time 0.20 s" in html
 
@@ -45,7 +45,8 @@ def test_a_finished_lane_says_when_and_the_finish_sums_up_the_race():
     assert "finished at 0.30 s" in html and "sl-race-summary" not in html  # target only still running
     html = render_race("EAGLE-3", SPEC_REPLY, SPEC, BASE_REPLY, BASE, 0.5, (2, 8), comparison())
     assert "1.67×" in html and "tokens/s of engine time" in html  # (9 / 0.3) / (9 / 0.5)
-    assert "3.00 vs 1.00 tokens per target call" in html
+    assert "4.00 vs 1.00 tokens per target call" in html  # the prefill aside, as the headline counts
+    assert "6 accepted drafts + 2 target tokens + 1 from the prefill = 9 tokens in 2 target calls" in html
     assert "✓ T = 0: the same 9 tokens" in html
 
 
@@ -67,4 +68,4 @@ def test_without_a_comparison_the_panel_says_how_to_get_one():
 
 def test_the_comparison_panel_says_it_compares_engine_time():
     html = render_comparison(2.0, 20.0, 10.0, True, None)
-    assert "tokens/s of engine time" in html and "counts in neither" in html
+    assert "tokens/s of engine time" in html and "nothing drawn" in html

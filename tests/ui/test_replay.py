@@ -25,7 +25,6 @@ from demo.ui.replay import (
     step_at,
     step_times,
     tokens_at,
-    tokens_per_call,
     trace_at,
 )
 from tests.tiny_chat import tiny_session
@@ -40,7 +39,7 @@ def hand_trace(elapsed: list[float], emitted: list[int], accepted: list[int], k:
     for step, (t, n, a) in enumerate(zip(elapsed, emitted, accepted), 1):
         if k:
             stats.observe_draft(k, a)
-        stats.observe_step(n, 5.0, 20.0)
+        stats.observe_step(n, 5.0, 20.0, a)
         stats.elapsed_s = t
         points.append(StepPoint(step, k, a, n, 5.0, 20.0, t, stats.tokens_per_s))
     return RunTrace("eagle3" if k else "none", "eager", k, stats, points, finish_reason="length")
@@ -121,10 +120,12 @@ def test_a_slowed_race_lasts_the_pace_per_target_only_step_and_keeps_the_ratio()
     assert race_scale(PACES[REAL_TIME], base) == 1.0
 
 
-def test_tokens_per_target_call_counts_the_prefill_as_a_call():
+def test_tokens_per_target_call_leaves_the_prefill_aside_as_every_view_does():
     spec = hand_trace([0.2, 0.3], [4, 4], [3, 3])
     base = hand_trace([0.15, 0.2], [1, 1], [0, 0], k=0)
-    assert tokens_per_call(spec.stats) == 9 / 3 and tokens_per_call(base.stats) == 1.0
+    assert spec.stats.tokens_per_call == 8 / 2 and base.stats.tokens_per_call == 1.0
+    assert spec.stats.accounting() == "6 accepted drafts + 2 target tokens + 1 from the prefill = 9 tokens in " \
+                                      "2 target calls (+ the prefill)"
 
 
 def test_play_keeps_the_pace_when_drawing_a_frame_takes_time():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from demo.service.chat import Comparison, RunTrace, Turn
 from demo.ui.html.render import escape, render_reply
-from demo.ui.replay import pieces_at, step_times, tokens_per_call
+from demo.ui.replay import pieces_at, step_times
 
 RACE_HINT = ("Tick “Compare with target-only” and generate: the race then replays the two runs of your prompt "
              "side by side, each at its measured pace (engine time).")
@@ -20,13 +20,13 @@ def render_runner(label: str, reply: Turn, trace: RunTrace, step: int, total_tok
     """One lane: its tokens so far (coloured by provenance), a bar of tokens out of the longer reply,
     target calls so far, and when it finished."""
     shown = pieces_at(reply.pieces, step)
-    calls = max(step + 1, 0)  # the prefill is the first target call
+    calls = max(step, 0)  # decoding steps: the prefill aside, as every view counts them
     finished = step >= len(trace.points)
     end = f" · finished at {step_times(trace)[-1]:.2f} s" if finished else ""
     width = 100 * len(shown) / total_tokens if total_tokens else 0
     state = "sl-lane-done" if finished else "sl-lane-running"
     return (f'<div class="sl-lane {state}"><div class="sl-lane-head"><b>{escape(label)}</b>'
-            f'<span class="sl-lane-count">{len(shown)} tokens · {calls} target calls{end}</span></div>'
+            f'<span class="sl-lane-count">{len(shown)} tokens · {calls} target calls (+ the prefill){end}</span></div>'
             f'<div class="sl-lane-bar"><div style="width:{width:.1f}%"></div></div>'
             f'<div class="sl-lane-text">{render_reply(shown)}</div></div>')
 
@@ -36,8 +36,9 @@ def render_race_summary(label: str, spec: RunTrace, comparison: Comparison) -> s
     lines = [f'<div class="sl-race-speedup"><b>{comparison.speedup:.2f}×</b> {escape(label)} vs target only: '
              f"{comparison.speculative_tokens_per_s:.1f} vs {comparison.baseline_tokens_per_s:.1f} tokens/s of "
              "engine time</div>",
-             f'<div class="sl-race-calls">{tokens_per_call(spec.stats):.2f} vs '
-             f"{tokens_per_call(comparison.baseline_trace.stats):.2f} tokens per target call</div>"]
+             f'<div class="sl-race-calls">{spec.stats.tokens_per_call:.2f} vs '
+             f"{comparison.baseline_trace.stats.tokens_per_call:.2f} tokens per target call: "
+             f"{escape(spec.stats.accounting())}</div>"]
     if comparison.identical is None:
         lines.append('<div class="sl-identity">T &gt; 0: two samples, each from the target\'s distribution; they '
                      "differ by design.</div>")
