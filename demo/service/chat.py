@@ -110,7 +110,7 @@ class StepPoint:
 
     step: int
     num_drafts: int  # k of this step, a tree's depth (0: target-only): the most it can accept
-    num_accepted: int
+    num_accepted: int  # accepted drafts the reply kept (none past its end)
     num_emitted: int
     draft_ms: float
     verify_ms: float
@@ -182,9 +182,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 @dataclass
 class Comparison:
-    """Speculative run vs the same prompt target-only, in the same mode. Both speeds are tokens per
-    second of engine time (AcceptanceStats.elapsed_s: prefill and steps; whatever the consumer does
-    between steps, such as drawing the page, is not counted), so the speedup compares the runs alike."""
+    """Speculative run vs the same prompt target-only, in the same mode, both timed with nothing drawn
+    between their steps (demo/service/session.py). Speeds are tokens per second of engine time
+    (AcceptanceStats.elapsed_s: prefill and steps), the medians over the rounds timed; `speedups`
+    holds each round's ratio, so the page shows their range."""
 
     speculative_tokens_per_s: float
     baseline_tokens_per_s: float
@@ -198,17 +199,24 @@ class Comparison:
     # in bf16 and fp16 the verification's width (demo.engine.target_only_width: the exact reference)
     reference_width: int = 1
     one_row_difference: int | None = None  # reference_width > 1: where the 1-row baseline first differs
+    speedups: list[float] = field(default_factory=list)  # each timed round's speculative / target-only tokens/s
+    speculative: Turn | None = None  # the speculative run timed (the race's first lane) ...
+    speculative_trace: RunTrace | None = None  # ... and its steps and engine times
 
     @classmethod
     def of(cls, speculative: RunTrace, baseline: RunTrace, greedy: bool, identical: bool | None,
            first_difference: int | None, baseline_reply: Turn, reference_width: int = 1,
-           one_row_difference: int | None = None) -> "Comparison":
+           one_row_difference: int | None = None, speedups: list[float] | None = None,
+           speculative_reply: Turn | None = None) -> "Comparison":
         """The comparison of two recorded runs, by their engine time."""
         return cls(speculative.stats.tokens_per_s, baseline.stats.tokens_per_s, greedy, identical, first_difference,
-                   baseline_reply.text, baseline_reply, baseline, reference_width, one_row_difference)
+                   baseline_reply.text, baseline_reply, baseline, reference_width, one_row_difference,
+                   list(speedups or []), speculative_reply, speculative)
 
     @property
     def speedup(self) -> float:
+        if self.speedups:
+            return sorted(self.speedups)[len(self.speedups) // 2]  # the median (of 1 or 3 rounds)
         return self.speculative_tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
 
 
@@ -219,9 +227,18 @@ class ChatState:
     turns: list[Turn] = field(default_factory=list)
     trace: RunTrace | None = None
     comparison: Comparison | None = None
+    comparing: bool = False  # the comparison with target-only is running (Stop ends it)
+    playback: int = 0  # the latest playback's number (a replay, a race, a step shown): an older one stops
+
+    def next_playback(self) -> int:
+        """A new playback's number; every older playback stops at its next frame."""
+        self.playback += 1
+        return self.playback
 
     def mark_stopped(self) -> None:
-        """A turn still streaming when Stop was pressed (or a new message came) was stopped."""
+        """A turn still streaming when Stop was pressed (or a new message came) was stopped, and so
+        was a comparison running after it."""
+        self.comparing = False
         for t in self.turns:
             if t.state == "streaming":
                 t.state = "stopped"
@@ -237,5 +254,3 @@ class Update:
     chat: ChatState
     status: str
     done: bool = False
-    baseline: Turn | None = None  # while the comparison's target-only run streams: its reply so far ...
-    baseline_trace: RunTrace | None = None  # ... and its steps

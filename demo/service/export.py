@@ -92,7 +92,8 @@ CSV_COLUMNS = ["method", "mode", "k", "category", "prompts", "generated_tokens",
 
 def bench_csv(summary: list[dict], categories: list[dict]) -> str:
     """A benchmark as CSV: per configuration its totals (category "all", with acceptance at draft
-    1..k as acceptance_at_draft_i), then its rows per prompt category. Empty cells: not measured."""
+    1..k as acceptance_at_draft_i), then its rows per prompt category. Empty cells: not measured (a
+    category has no speedup or step times of its own)."""
     depth = max((len(r["acceptance_per_position"]) for r in summary), default=0)
     columns = CSV_COLUMNS + [f"acceptance_at_draft_{i}" for i in range(1, depth + 1)]
     out = io.StringIO()

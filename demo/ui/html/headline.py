@@ -1,14 +1,14 @@
-"""The run in two numbers, in large type while it generates: tokens per target call (the mean
-acceptance length) and the speedup, with one line on why the second is smaller than the first.
+"""The run in large type while it generates: tokens per target call and, once "Compare with
+target-only" has timed it, the speedup with its range; with one line, from this run's own numbers,
+on why the speedup is what it is:
 
-The speedup is measured when this visitor's target-only tokens/s in the same mode is known (a
-target-only run, or the "Compare with target-only" run, both through the same engine), else
-estimated from acceptance and step times:
+    speedup = tokens per call × t1 / (t_draft + t_verify)
 
-    speedup ≈ tokens per call × verify ms / (draft ms + verify ms)
-
-which prices a target-only token at one verification forward, an upper bound: verifying k + 1
-tokens costs at least what decoding 1 does. The headline says which of the two it shows.
+where t1 is a target-only step's time (one token) and t_draft, t_verify a speculative step's: the
+speedup of the decoding steps, the prefill (the same in both runs) left out. Without a
+comparison t1 is unknown: the line prices a target-only token at one verification (an upper bound,
+since verifying k + 1 tokens costs at least what decoding 1 does) and says so, in small type; the
+headline never divides by another run's speed.
 
 Pure functions of plain data (AcceptanceStats, RunTrace, Comparison); no Gradio here.
 """
@@ -20,54 +20,57 @@ from dataclasses import dataclass
 from demo.service.chat import Comparison, RunTrace
 from demo.ui.html.render import escape
 
-WHY = ("Why is the speedup smaller than the tokens per call? Every step also runs the drafter, and the "
-       "target's forward over {width} tokens costs more than its forward over 1.")
-
 
 @dataclass(frozen=True)
-class Speedup:
-    value: float
-    measured: bool  # against a target-only tokens/s measured in this mode; False: estimated
-    basis: str  # how it was obtained, in one line
+class Why:
+    """The speedup explained from a run's numbers: L × t1 / (t_draft + t_verify)."""
+
+    tokens_per_call: float  # L
+    t1_ms: float  # a target-only step's ms (the comparison's), or the verification's ms (an upper bound)
+    draft_ms: float
+    verify_ms: float
+    width: int  # tokens a step verifies
+    measured_t1: bool  # t1 is target-only's own, measured by the comparison
+
+    @property
+    def predicted(self) -> float:
+        step = self.draft_ms + self.verify_ms
+        return self.tokens_per_call * self.t1_ms / step if step > 0 else 0.0
+
+    def sentence(self) -> str:
+        t1 = (f"a target-only step takes {self.t1_ms:.2f} ms for its one token" if self.measured_t1 else
+              f"if a target-only token cost one verification ({self.t1_ms:.2f} ms; it costs less, so this is an "
+              "upper bound)")
+        return (f"Why: each step drafts in {self.draft_ms:.2f} ms and verifies {self.width} tokens in "
+                f"{self.verify_ms:.2f} ms, and {t1}: {self.tokens_per_call:.2f} × {self.t1_ms:.2f} / "
+                f"({self.draft_ms:.2f} + {self.verify_ms:.2f}) = {self.predicted:.2f}× over the decoding steps "
+                "(the prefill, the same in both runs, left out).")
 
 
-def baseline_key(model: str, mode: str) -> str:
-    """Whose target-only speed a run compares with: the same models, in the same mode."""
-    return f"{model}|{mode}"
-
-
-def record_baseline(baselines: dict, key: str, trace: RunTrace | None, comparison: Comparison | None) -> dict:
-    """`baselines` (key -> target-only tokens/s) with what a finished run measured: a target-only run
-    is one, and so is the comparison run after a speculative one."""
-    if comparison is not None and comparison.baseline_tokens_per_s > 0:
-        return {**baselines, key: comparison.baseline_tokens_per_s}
-    if trace is not None and trace.method == "none" and trace.stats.tokens_per_s > 0:
-        return {**baselines, key: trace.stats.tokens_per_s}
-    return baselines
-
-
-def speedup(trace: RunTrace, baseline_tps: float | None, comparison: Comparison | None = None) -> Speedup | None:
-    """The run's speedup over target-only decoding: the comparison's, else against `baseline_tps`,
-    else the estimate from acceptance and step times; None before the first decoding step."""
-    s = trace.stats
-    if comparison is not None and comparison.baseline_tokens_per_s > 0:
-        return Speedup(comparison.speedup, True, f"{comparison.speculative_tokens_per_s:.1f} vs "
-                       f"{comparison.baseline_tokens_per_s:.1f} tokens/s target-only, measured just now")
-    if not s.num_steps:
+def why(trace: RunTrace, comparison: Comparison | None = None) -> Why | None:
+    """This run's Why, from the comparison's timed runs when there are (the streamed run's own step
+    times include drawing the page); None before a step."""
+    timed = comparison.speculative_trace if comparison and comparison.speculative_trace else None
+    s = (timed or trace).stats
+    if not s.num_steps or trace.method == "none":
         return None
-    if baseline_tps:
-        return Speedup(s.tokens_per_s / baseline_tps, True, f"{s.tokens_per_s:.1f} vs {baseline_tps:.1f} tokens/s "
-                       "target-only (measured earlier in this mode)")
-    step_ms = s.mean_draft_ms + s.mean_verify_ms
-    value = s.mean_acceptance_length * s.mean_verify_ms / step_ms if step_ms > 0 else 0.0
-    return Speedup(value, False, "estimate: tokens per call × verify / (draft + verify) time, pricing a target-only "
-                   "token at one verify (an upper bound); tick \"Compare with target-only\" to measure it")
+    base = comparison.baseline_trace.stats if comparison and comparison.baseline_trace else None
+    measured = base is not None and base.num_steps > 0
+    t1 = base.mean_draft_ms + base.mean_verify_ms if measured else s.mean_verify_ms
+    width = len(trace.steps[-1].draft_ids) + 1 if trace.steps else trace.num_spec_tokens + 1
+    return Why(s.tokens_per_call, t1, s.mean_draft_ms, s.mean_verify_ms, width, measured)
 
 
-def render_headline(trace: RunTrace | None, baseline_tps: float | None = None,
-                    comparison: Comparison | None = None) -> str:
-    """Tokens per target call and the speedup in large type, with the basis of the speedup and why
-    it is smaller; the two labels with dashes before a run."""
+def speedup_range(comparison: Comparison) -> str:
+    """"1.52×", or "1.52× (1.47–1.58 over 3 timings)"."""
+    text = f"{comparison.speedup:.2f}×"
+    if len(comparison.speedups) > 1:
+        text += f" ({min(comparison.speedups):.2f}–{max(comparison.speedups):.2f} over {len(comparison.speedups)} timings)"
+    return text
+
+
+def render_headline(trace: RunTrace | None, comparison: Comparison | None = None) -> str:
+    """Tokens per target call, the measured speedup (or how to measure it) and why; dashes before a run."""
     if trace is None or not trace.stats.num_steps:
         return ('<div class="sl-headline sl-headline-empty"><div class="sl-hl"><b>–</b><span>tokens per target '
                 'call</span></div><div class="sl-hl"><b>–</b><span>speedup</span></div></div>')
@@ -75,20 +78,17 @@ def render_headline(trace: RunTrace | None, baseline_tps: float | None = None,
     if trace.method == "none":
         return ('<div class="sl-headline"><div class="sl-hl"><b>1</b><span>token per target call</span></div>'
                 f'<div class="sl-hl"><b>{s.tokens_per_s:.1f}</b><span>tokens/s target-only: the baseline a '
-                "speculative run in this mode is measured against</span></div></div>")
-    length = s.mean_acceptance_length
-    up = speedup(trace, baseline_tps, comparison)
-    width = len(trace.steps[-1].draft_ids) + 1
-    step_ms = s.mean_draft_ms + s.mean_verify_ms
-    base = (comparison.baseline_tokens_per_s if comparison is not None and comparison.baseline_tokens_per_s > 0
-            else baseline_tps)
-    detail = (f" Here drafting takes {s.mean_draft_ms:.1f} of each step's {step_ms:.1f} ms"
-              + (f", and a verify {s.mean_verify_ms:.1f} ms against about {1e3 / base:.1f} ms per token "
-                 "target-only" if base else "") + ".")
-    estimate = "" if up.measured else "≤ "
-    return ('<div class="sl-headline">'
-            f'<div class="sl-hl"><b>{length:.2f}</b><span>tokens per target call</span>'
-            '<small>the mean acceptance length: accepted drafts + the target\'s own token</small></div>'
-            f'<div class="sl-hl{"" if up.measured else " sl-hl-estimate"}"><b>{estimate}{up.value:.2f}×</b>'
-            f'<span>speedup{"" if up.measured else " (estimate)"}</span><small>{escape(up.basis)}</small></div>'
-            f'<div class="sl-hl-why">{escape(WHY.format(width=width) + detail)}</div></div>')
+                "speculative run is compared with</span></div></div>")
+    calls = (f'<div class="sl-hl"><b>{s.tokens_per_call:.2f}</b><span>tokens per target call</span>'
+             f"<small>{escape(s.accounting())}</small></div>")
+    if comparison is not None and comparison.baseline_tokens_per_s > 0:
+        speed = (f'<div class="sl-hl"><b>{comparison.speedup:.2f}×</b><span>speedup, measured</span>'
+                 f"<small>{escape(speedup_range(comparison))}: {comparison.speculative_tokens_per_s:.1f} vs "
+                 f"{comparison.baseline_tokens_per_s:.1f} tokens/s target-only, both timed with nothing drawn"
+                 "</small></div>")
+    else:
+        speed = ('<div class="sl-hl sl-hl-unmeasured"><b>?</b><span>speedup</span><small>tick “Compare with '
+                 "target-only” to measure it</small></div>")
+    reason = why(trace, comparison)
+    line = f'<div class="sl-hl-why">{escape(reason.sentence())}</div>' if reason else ""
+    return f'<div class="sl-headline">{calls}{speed}{line}</div>'
