@@ -19,17 +19,23 @@ from demo.ui.html.render import render_chat
 
 
 def register(cache: ModelCache, hosting: Hosting) -> None:
+    session = Session(cache.get(cache.default_name))
     d, g = DEFAULT_REQUEST, DEFAULT_REQUEST.gen
+    k, tree = session.default_draft()  # the device's fastest mode and draft shape, as the page offers first
+    mode = session.default_mode()
 
-    def generate(prompt: str, method: str = d.method, mode: str = d.mode, num_spec_tokens: int = g.num_spec_tokens,
+    def generate(prompt: str, method: str = d.method, mode: str = mode, num_spec_tokens: int = k,
                  temperature: float = g.temperature, top_p: float = g.top_p, max_new_tokens: int = g.max_new_tokens,
-                 seed: int = g.seed, tree_topk: int = 0, num_draft_tokens: int = 0,
-                 draft_sampling: str = g.draft_sampling) -> Iterator[dict]:
+                 seed: int = g.seed, tree_topk: int = tree.topk if tree else 0,
+                 num_draft_tokens: int = tree.num_draft_tokens if tree else 0, draft_sampling: str = g.draft_sampling) -> Iterator[dict]:
         """Generate a reply to `prompt` (one turn), streaming one value per decoding step. Each value
-        holds `html` (the highlighted rendering the UI shows), `text`, `stats` (the stats panel's
-        numbers: mean_acceptance_length, acceptance_per_position, tokens_per_s, ...), `status` and
-        `done`. tree_topk > 0 drafts a tree of depth num_spec_tokens with that many children per
-        node, verifying num_draft_tokens per step (the root included; 0: every node); 0 drafts a chain."""
+        holds `delta` (the text this step added), `step`, `stats` (the stats panel's numbers:
+        tokens_per_call, mean_acceptance_length, acceptance_per_position, tokens_per_s, ...),
+        `status`, `done`, `finish_reason`, and in the last value `text`, the whole reply, and
+        `html`, the highlighted rendering the UI shows (so a reply streams in size linear in its length). tree_topk > 0
+        drafts a tree of depth num_spec_tokens with that many children per node, verifying
+        num_draft_tokens per step (the root included; 0: every node); 0 drafts a chain. The
+        defaults are the device's fastest mode and draft shape."""
         tree = TreeShape(tree_topk, num_draft_tokens) if tree_topk else None
         request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=num_spec_tokens,
                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
@@ -37,12 +43,26 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
         session = Session(cache.get(cache.default_name))
         try:
             hosting.check_work(request, session.device)
-            for update in on_engine_thread(session.generate(request)):
-                reply = update.chat.turns[-1]
-                yield {"html": render_chat(update.chat), "text": reply.text if reply.role == "assistant" else "",
-                       "stats": panel_stats(session, update.chat.trace), "status": update.status,
-                       "done": update.done, "finish_reason": update.chat.trace.finish_reason}
+            yield from values(session.generate(request), session)
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
 
     gr.api(zerogpu.on_gpu(generate), api_name="generate", concurrency_id=ENGINE)
+
+
+def values(updates, session: Session) -> Iterator[dict]:
+    """The API's values of a generation's updates: what each step added, the whole reply and its
+    rendering at the end. An update before the
+    first step (graph capture) has no trace yet: no stats, no reason."""
+    sent = ""
+    for update in on_engine_thread(updates):
+        reply = update.chat.turns[-1]
+        text = reply.text if reply.role == "assistant" else ""
+        trace = update.chat.trace
+        whole = update.done
+        yield {"delta": text[len(sent):], "text": text if whole else "",
+               "step": trace.steps[-1].step if trace and trace.steps else None,
+               "html": render_chat(update.chat) if whole else "",
+               "stats": panel_stats(session, trace), "status": update.status, "done": update.done,
+               "finish_reason": trace.finish_reason if trace else None}
+        sent = text

@@ -7,7 +7,8 @@ import pytest
 from demo.views import build_demo
 from tests.tiny_chat import tiny_session
 
-CONTRACT = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed", "tree_topk", "num_draft_tokens", "draft_sampling"]
+CONTRACT = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed", "tree_topk",
+            "num_draft_tokens", "draft_sampling"]
 
 
 def free_port() -> int:
@@ -67,3 +68,35 @@ def test_generate_refuses_bad_input_with_the_message(client):
         client.predict(prompt="hi", num_spec_tokens=11, api_name="/generate")
     with pytest.raises(AppError, match="verifies"):
         client.predict(prompt="hi", num_spec_tokens=2, tree_topk=2, num_draft_tokens=40, api_name="/generate")
+
+
+def test_values_before_the_first_step_have_no_trace_and_still_answer():
+    # graph mode's first update says it captures graphs before the chat has a trace (a GPU's; a CPU
+    # refuses graph mode, so the update is fed here as the session makes it)
+    from demo.service.chat import ChatState, Turn, Update
+    from demo.ui.api import values
+
+    chat = ChatState(turns=[Turn("user", "hi")])
+    session = tiny_session(predictable=True)
+    first, = values((u for u in [Update(chat, "capturing CUDA graphs for k = 3 (once per draft shape and drafter)…")]),
+                    session)
+    assert first["finish_reason"] is None and first["step"] is None and not first["done"]
+    assert first["delta"] == "" and first["status"].startswith("capturing")
+
+
+def test_a_reply_streams_what_each_step_added_and_its_whole_rendering_once(client):
+    job = client.submit(prompt="Say a", method="eagle", num_spec_tokens=3, max_new_tokens=9, api_name="/generate")
+    values = list(job)
+    assert "".join(v["delta"] for v in values) == values[-1]["text"] == "a" * 9
+    assert all(v["html"] == "" and v["text"] == "" for v in values[:-1]) and values[-1]["html"]
+    assert [v["step"] for v in values] == sorted(v["step"] for v in values)  # one value per step, in order
+
+
+def test_the_defaults_are_the_devices_fastest_mode_and_draft_shape(client):
+    from demo.config import default_draft
+
+    api = client.view_api(return_format="dict", print_info=False)
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
+    k, tree = default_draft("cpu")
+    assert defaults["mode"] == "eager"  # a CPU: graph mode needs a CUDA GPU
+    assert (defaults["num_spec_tokens"], defaults["tree_topk"]) == (k, tree.topk if tree else 0)
