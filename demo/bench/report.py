@@ -21,7 +21,8 @@ def shape_label(config: dict) -> str:
 
 
 def category_rows(records: list[dict]) -> list[dict]:
-    """Per prompt category: prompts, mean acceptance length (1 + accepted / drafts) and tokens/s."""
+    """Per prompt category: prompts, generated tokens, mean acceptance length (1 + accepted / drafts)
+    and tokens/s."""
     rows = {}
     for r in records:
         s, row = r["stats"], rows.setdefault(r.get("category") or "-", dict(prompts=0, drafts=0, accepted=0,
@@ -31,7 +32,7 @@ def category_rows(records: list[dict]) -> list[dict]:
         row["accepted"] += s["num_accepted_tokens"]
         row["tokens"] += s["num_generated"]
         row["seconds"] += s["elapsed_s"]
-    return [{"category": name, "prompts": row["prompts"],
+    return [{"category": name, "prompts": row["prompts"], "generated_tokens": row["tokens"],
              "mean_acceptance_length": 1 + row["accepted"] / row["drafts"] if row["drafts"] else 1.0,
              "tokens_per_s": row["tokens"] / row["seconds"] if row["seconds"] else 0.0}
             for name, row in sorted(rows.items())]

@@ -133,8 +133,8 @@ def work_note(plan: BenchPlan, num_questions: int, budget: int | None) -> str:
         work, configs = plan.work(n), len(plan.configs())
     except TypeError:  # a k that is not a number: the run refuses it in a sentence
         return ""
-    rule = (f"prompts x (max new tokens + {plan.warmup_tokens} warm-up) x tokens verified per step (k + 1; 1 for "
-            "target only), summed over the configurations")
+    rule = (f"(prompts x max new tokens + {plan.warmup_tokens} warm-up tokens) x tokens verified per step (k + 1; "
+            "1 for target only), summed over the configurations")
     if budget is None:
         return f"{configs} configuration(s); the target verifies up to {work:,} tokens ({rule})."
     verdict = "within" if work <= budget else "**over**"

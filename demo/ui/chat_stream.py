@@ -23,7 +23,8 @@ from demo.service.session import Session, shown_session, visitor_session
 from demo.ui.assets import read_asset
 from demo.ui.controls import Controls
 from demo.ui.events import ENGINE, FIGURE_INTERVAL_S, PRIVATE, TEXT_INTERVAL_S
-from demo.ui.html.headline import baseline_key, record_baseline, render_headline
+from demo.ui.html.guide import render_guide
+from demo.ui.html.headline import render_headline
 from demo.ui.html.inspector import render_inspector
 from demo.ui.html.race import render_race_hint
 from demo.ui.html.render import render_chat, render_legend, status_html
@@ -34,15 +35,12 @@ PROMPT_HINT = "Ask something, then press Generate or Shift+Enter (Enter starts a
 
 
 def build_chat_column(k: int) -> dict:
-    """The headline, the legend, the conversation, the inspector, the prompt and its buttons."""
-    headline = gr.HTML(render_headline(None), elem_id="sl-headline")
-    legend = gr.HTML(render_legend(k), elem_id="sl-legend")
-    show_rejected = gr.Checkbox(True, label="show rejected drafts", elem_id="sl-show-rejected", container=False)
-    conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation")
-    inspector = gr.HTML(render_inspector(None, None, {}), elem_id="sl-inspector", js_on_load=read_asset("inspect.js"))
+    """The prompt and its buttons first (on the first screen, and steady while text streams in), then
+    the status, the headline, the legend, the conversation (which follows the stream), the
+    comparison and the step inspector."""
     with gr.Row(elem_id="sl-input-row"):
         # lines > 1: Gradio's textbox inserts a newline on Enter and submits on Shift+Enter
-        prompt = gr.Textbox(placeholder=PROMPT_HINT, show_label=False, lines=2, max_lines=8, scale=5,
+        prompt = gr.Textbox(placeholder=PROMPT_HINT, show_label=False, lines=2, max_lines=6, scale=5,
                             elem_id="sl-prompt")
         with gr.Column(scale=1, min_width=130):
             generate = gr.Button("Generate", variant="primary", elem_id="sl-generate")
@@ -51,9 +49,19 @@ def build_chat_column(k: int) -> dict:
                 clear = gr.Button("Clear", elem_id="sl-clear", min_width=55)
             settings_button = gr.Button("⚙ Settings", size="sm", elem_id="sl-settings-button")
     status = gr.HTML("", elem_id="sl-status")
+    headline = gr.HTML(render_headline(None), elem_id="sl-headline")
+    with gr.Row(elem_id="sl-legend-row", equal_height=True):
+        legend = gr.HTML(render_legend(k), elem_id="sl-legend")
+        show_rejected = gr.Checkbox(True, label="show rejected drafts", elem_id="sl-show-rejected", container=False,
+                                    scale=0, min_width=170)
+    conversation = gr.HTML(render_chat(ChatState()), elem_id="sl-conversation", js_on_load=read_asset("conversation.js"))
+    stream = gr.HTML("", elem_id="sl-stream", visible="hidden", js_on_load=read_asset("stream.js"))
+    with gr.Accordion("How this reply was made, step by step", open=True, elem_id="sl-guide-box"):
+        guide = gr.HTML(render_guide(None, {}), elem_id="sl-guide")
     comparison = gr.HTML("", elem_id="sl-comparison")
+    inspector = gr.HTML(render_inspector(None, None, {}), elem_id="sl-inspector", js_on_load=read_asset("inspect.js"))
     return dict(headline=headline, legend=legend, show_rejected=show_rejected, conversation=conversation,
-                inspector=inspector, prompt=prompt, generate=generate, stop=stop, clear=clear,
+                stream=stream, guide=guide, inspector=inspector, prompt=prompt, generate=generate, stop=stop, clear=clear,
                 settings_button=settings_button, status=status, comparison=comparison)
 
 
@@ -64,6 +72,21 @@ def checked(c: Controls, hosting: Hosting, session: Session, prompt: str, values
     return request
 
 
+def stopped_status(chat: ChatState, running: bool, comparing: bool, status: str | None) -> str | None:
+    """What Stop says it stopped: the reply (with how far it got), the comparison after it, or a
+    replay; None when nothing ran."""
+    if running:
+        trace = chat.trace
+        if trace is None or not trace.steps:
+            return "stopped before the first token"
+        return f"stopped after {trace.stats.num_generated} tokens ({trace.stats.accounting()})"
+    if comparing:
+        return "stopped during the comparison with target-only: the reply is whole, the speedup not measured"
+    if "replay (" in (status or ""):
+        return "replay stopped: the whole reply is shown"
+    return None
+
+
 def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
     """Generate and Shift+Enter; returns their reply events (user, then bot)."""
 
@@ -71,44 +94,40 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
         """Fast first half: check the request and show the user's turn (no engine call)."""
         try:
             session = visitor_session(cache, values[c.model])
-            chat = session.add_user_turn(values[c.chat], checked(c, hosting, session, values[c.prompt], values))
+            request = checked(c, hosting, session, values[c.prompt], values)
+            values[c.chat].next_playback()  # a replay, race or step shown of the last reply stops
+            chat = session.add_user_turn(values[c.chat], request)
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
         return {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
+                c.shown_step: None, c.guide: "",
                 c.race: render_race_hint(), c.status: status_html("starting…"),
                 c.inspector: render_inspector(None, None, {})}
 
     def bot(values: dict) -> Iterator[dict]:
         """Stream the reply: the text every step (at most every TEXT_INTERVAL_S), the charts at most
-        every FIGURE_INTERVAL_S; the comparison's target-only run streams into the race panel. At a
-        pace slower than real time only the status moves: the run goes at full speed and the replay
-        after it (demo/ui/playback.py) plays it back."""
+        every FIGURE_INTERVAL_S, then the comparison's status lines. At a pace slower than real time
+        only the status moves: the run goes at full speed and the replay after it (demo/ui/playback.py)
+        plays it back."""
         chat = values[c.chat]
         paced = PACES[values[c.pace]] is not None
         last_text = last_figures = 0.0
-        spec_shown = False  # the speculative run's last step has been drawn in full
         try:
             session = visitor_session(cache, values[c.model])
             request = checked(c, hosting, session, chat.turns[-1].text if chat.turns else "", values)
-            key, baselines = baseline_key(session.name, request.mode), values[c.baselines]
+            on_page = None  # tokens of the reply the page holds (None: not on the page yet)
             for update in on_engine_thread(session.reply(chat, request)):
                 now = time.monotonic()
                 if not update.done and now - last_text < TEXT_INTERVAL_S:
                     continue
                 last_text = now
-                if paced:
-                    view = "status"
-                    if not update.done:
-                        update.status += " · the step-by-step replay follows"
-                elif update.baseline is not None and spec_shown:
-                    view = "race"
-                else:
-                    view, spec_shown = "reply", update.baseline is not None
-                figures = update.done or update.baseline is not None or now - last_figures >= FIGURE_INTERVAL_S
-                last_figures = now if view == "reply" and figures else last_figures
-                out = streamed(c, session, update, baselines.get(key), view=view, figures=figures)
-                if update.done:  # a target-only speed this run measured is kept for the next run's headline
-                    out[c.baselines] = record_baseline(baselines, key, update.chat.trace, update.chat.comparison)
+                reply = update.chat.turns[-1]
+                streaming = reply.role == "assistant" and reply.state == "streaming"
+                if paced and not update.done:
+                    update.status += " · the step-by-step replay follows"
+                figures = now - last_figures >= FIGURE_INTERVAL_S
+                last_figures = now if figures else last_figures
+                out, on_page = streamed(c, session, update, on_page, text=streaming and not paced, figures=figures)
                 yield out
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
@@ -117,9 +136,11 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
     # would leave a red "Error" badge over the conversation, the prompt box and the status after it fades.
     engine = dict(concurrency_id=ENGINE, show_progress="hidden", **PRIVATE)
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.race, c.status, c.inspector], **engine)
-    then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.pace, c.baselines, *c.settings},
-                outputs=[c.chat, c.status, c.comparison, c.race, c.headline, c.baselines, *c.view], **engine)
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.race, c.status, c.inspector, c.shown_step,
+                          c.guide],
+                 **engine)
+    then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.pace, *c.settings},
+                outputs=[c.chat, c.status, c.comparison, c.race, c.stream, *c.view], **engine)
     return [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]
 
 
@@ -132,11 +153,12 @@ def register_stop(c: Controls, cache: ModelCache, runs: list) -> tuple:
         """Everything from the chat as it ended, so the stats, charts and tree view count the tokens
         the text shows."""
         running = bool(chat.turns) and (chat.turns[-1].role == "user" or chat.turns[-1].state == "streaming")
+        comparing = chat.comparing
         chat.mark_stopped()
+        chat.next_playback()
         engine_thread_idle()  # the step in flight lands (or, seeing the turn stopped, is dropped) before we draw
         session = shown_session(cache, model)
-        said = ("stopped" if running else "replay stopped: the whole reply is shown" if "replay (" in (status or "")
-                else None)
+        said = stopped_status(chat, running, comparing, status)
         out = {c.chat: chat, c.conversation: conversation_html(session, chat),
                c.status: status_html(said, "done") if said else gr.skip()}
         if chat.trace is not None:
@@ -146,13 +168,12 @@ def register_stop(c: Controls, cache: ModelCache, runs: list) -> tuple:
     def clear(model):
         chat = ChatState()
         return {c.chat: chat, c.status: "", c.comparison: "", c.race: render_race_hint(),
-                c.headline: render_headline(None), c.inspector: render_inspector(None, None, {}),
-                **chat_view(c, shown_session(cache, model), chat)}
+                c.inspector: render_inspector(None, None, {}), **chat_view(c, shown_session(cache, model), chat)}
 
     engine = dict(concurrency_id=ENGINE, **PRIVATE)
     stopped = c.stop.click(None, cancels=runs, **PRIVATE).then(
         stop, inputs=[c.chat, c.model, c.status], outputs=[c.chat, c.status, c.race, *c.view], **engine)
     cleared = c.clear.click(None, cancels=runs, **PRIVATE).then(
-        clear, inputs=[c.model], outputs=[c.chat, c.status, c.comparison, c.race, c.headline, c.inspector, *c.view],
+        clear, inputs=[c.model], outputs=[c.chat, c.status, c.comparison, c.race, c.inspector, *c.view],
         **engine)
     return stopped, cleared

@@ -18,6 +18,7 @@ class Controls:
     chat: gr.State
     model: gr.State  # the name of the visitor's models (a preset's): a ModelCache key
     conversation: gr.HTML
+    stream: gr.HTML  # hidden: a streamed step's new tokens, which assets/stream.js appends to the conversation
     legend: gr.HTML
     prompt: gr.Textbox
     generate: gr.Button
@@ -25,9 +26,13 @@ class Controls:
     clear: gr.Button
     status: gr.HTML
     comparison: gr.HTML
+    guide: gr.HTML  # the reply's first steps told, or the step the step buttons show (demo/ui/html/guide.py)
     settings_button: gr.Button
     pace: gr.Radio
     replay: gr.Button
+    step_back: gr.Button
+    step_next: gr.Button
+    shown_step: gr.State  # the step the step buttons show (None: the whole reply)
     race: gr.HTML
     race_button: gr.Button
     notices: gr.HTML
@@ -55,7 +60,6 @@ class Controls:
     headline: gr.HTML  # tokens per target call and the speedup, large
     show_rejected: gr.Checkbox
     inspector: gr.HTML  # the step of a clicked or tapped token (its JS sends the step)
-    baselines: gr.State  # the visitor's measured target-only tokens/s, by baseline_key(model, mode)
     trace_download: gr.DownloadButton  # the latest run's trace (demo/ui/trace_download.py)
     # "Your own models": local mode only (public mode neither builds them nor registers their events)
     target_spec: gr.Textbox | None = None
@@ -83,8 +87,9 @@ class Controls:
 
     @property
     def view(self) -> list:
-        """What a chat state draws: the text, the stats, the charts and the tree view (demo/ui/update.py)."""
-        return [self.conversation, self.stats, *self.plots, self.tree, self.tree_step]
+        """What a chat state draws: the text, the headline, the stats, the charts and the tree view
+        (demo/ui/update.py)."""
+        return [self.conversation, self.headline, self.guide, self.stats, *self.plots, self.tree, self.tree_step]
 
     def request(self, prompt: str, values: dict) -> Request:
         """The request the settings' current values describe (values: component -> value)."""

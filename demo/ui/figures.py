@@ -44,7 +44,8 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, **extra) -> go.Figure:
     fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01, y=0.98, yanchor="top"),
                       template="plotly_white", height=250, margin=dict(l=48, r=12, t=56, b=36), xaxis_title=x,
                       yaxis_title=y, legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0.0),
-                      modebar=dict(remove=MODEBAR_REMOVE), **extra)
+                      # a vertical toolbar on the right: on a phone a horizontal one covers the title
+                      modebar=dict(remove=MODEBAR_REMOVE, orientation="v"), **extra)
     return fig
 
 
@@ -200,11 +201,14 @@ def tree_figure(tree: DraftTree | None, token_text: list[str], step: int, note: 
         probs = (f"q = {q[i]:.3f}" if q is not None else "q: not recorded") + f" · p = {tree.target_probs[i]:.3f}"
         hover.append(f"node {node}: {what}<br>token: {token}<br>depth {depths[node]} · {probs}")
         colors.append(depth_color(depths[node]) if node in on_path else REJECTED_COLOR)
-        text_colors.append("#1b1b1b" if node in on_path else "#8a8a8a")
+        text_colors.append("#1b1b1b" if node in on_path else "#5f6368")
     num_rows = max(rows) + 1
     height = min(MAX_TREE_HEIGHT, max(260, 90 + ROW_PX * num_rows))
-    dense = (height - 90) / num_rows < ROW_PX  # then only the accepted path is labelled (hover shows every node)
-    labels = [html.escape(shown(t), quote=False) if not dense or n in on_path else ""
+    # too many rows to label every node: the accepted path and the drafts it rejected keep their labels
+    # (a phone has no hover), the nodes below a rejected one show theirs on hover
+    dense = (height - 90) / num_rows < ROW_PX
+    labelled = {n for n in range(len(depths)) if n in on_path or tree.parents[n - 1] in on_path}
+    labels = [html.escape(shown(t), quote=False) if not dense or n in labelled else ""
               for n, t in enumerate(token_text)]
     fig.add_trace(go.Scatter(
         x=depths, y=rows, mode="markers+text", name="nodes", showlegend=False, text=labels,

@@ -29,9 +29,18 @@ def build_tree_panel() -> dict:
 
 def register(c: Controls, cache: ModelCache) -> None:
     def show_tree(chat, step, model):
-        """The slider's step in the tree view and in the inspector."""
+        """The slider's step in the tree view and in the inspector. A step typed past the run's (or
+        not a whole number) is refused in a sentence and the box shows the nearest step there is."""
         session = shown_session(cache, model)
-        return {c.tree: tree_view(session, chat.trace, step), c.inspector: inspector_html(session, chat.trace, step)}
+        trees = len(chat.trace.trees) if chat.trace else 0
+        valid = isinstance(step, (int, float)) and not isinstance(step, bool) and step == step and step == int(step)
+        at = min(max(int(step) if valid else trees, 1), max(trees, 1))
+        out = {c.tree: tree_view(session, chat.trace, at), c.inspector: inspector_html(session, chat.trace, at),
+               c.tree_step: gr.skip()}
+        if not valid or at != step:
+            gr.Warning(f"Step {step} is not a step of this run: its draft trees are steps 1 to {max(trees, 1)}.")
+            out[c.tree_step] = gr.update(value=at)
+        return out
 
     def inspect(chat, model, evt: gr.EventData):
         """A token (or a step button) was clicked or tapped: its step in the inspector and, when the
@@ -47,7 +56,8 @@ def register(c: Controls, cache: ModelCache) -> None:
                 c.tree_step: tree_step_update(trace, step) if drafted else gr.skip()}
 
     answer = dict(trigger_mode="always_last", show_progress="hidden", **PRIVATE)
-    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree, c.inspector], **answer)
+    c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree, c.inspector, c.tree_step],
+                      preprocess=False, **answer)
     c.inspector.click(inspect, inputs=[c.chat, c.model], outputs=[c.inspector, c.tree, c.tree_step], **answer)
     # rejected drafts are always in the page's HTML; the toggle shows or hides them in the browser
     c.show_rejected.change(None, inputs=[c.show_rejected], js=SHOW_REJECTED_JS, **PRIVATE)

@@ -51,7 +51,7 @@ def build_chat_page(session: Session, hosting: Hosting, defaults: AppSettings) -
             chart_parts = {**playback.build_playback_row(), **build_chart_tabs()}
     with gr.Accordion("Numbers of this run", open=True, elem_id="sl-stats-panel"):
         stats = gr.HTML(render_stats(panel_stats(session, None), DEFINITIONS), elem_id="sl-stats")
-    return Controls(chat=gr.State(ChatState()), model=gr.State(session.name), baselines=gr.State({}),
+    return Controls(chat=gr.State(ChatState()), model=gr.State(session.name),
                     notices=notices, stats=stats, trace_download=trace_download,
                     **chat_parts, **models, **settings, **chart_parts)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, default_tree
+from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape, default_tree
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.service.model_cache import RANDOM_INIT
-from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON
+from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number
 from demo.service.session import Session
 from demo.service.settings import AppSettings
 from demo.ui.controls import Controls
@@ -53,13 +53,26 @@ def compare_options(method: str) -> dict:
                 "token-identity check")
 
 
+def verified_range(depth: int, topk: int) -> tuple[int, int]:
+    """The tokens a tree of this depth and top-k can verify per step, the root included: a path of
+    `depth` nodes at the least, every candidate at the most (capped by MAX_DRAFT_TOKENS)."""
+    shape = DraftShape.of(depth, TreeShape(topk, 0), False)
+    return min(depth + 1, MAX_DRAFT_TOKENS), min(shape.candidates + 1, MAX_DRAFT_TOKENS)
+
+
+# The settings a visitor can type out of range, as the request names them: a typed value outside is
+# refused in a sentence (the box then puts its value back in range), never clamped silently.
+TYPED = {"num_spec_tokens": "k", "max_new_tokens": "max new tokens", "temperature": "temperature",
+         "top_p": "top-p", "seed": "seed"}
+
+
 def build_settings(session: Session, defaults: AppSettings) -> dict:
     """Every setting of a request (the preset and "Your own models" are demo/ui/models_panel.py's)."""
     method = gr.Radio(method_choices(session), value=defaults.method or default_method(session),
                       label="Drafting method", elem_id="sl-method")
     unavailable = session.cudagraph_unavailable()
     gen = DEFAULT_REQUEST.gen
-    mode = gr.Radio([(label, mode) for mode, label in MODE_LABELS.items()], value=DEFAULT_REQUEST.mode, label="Mode",
+    mode = gr.Radio([(label, mode) for mode, label in MODE_LABELS.items()], value=session.default_mode(), label="Mode",
                     interactive=unavailable is None, elem_id="sl-mode",
                     info=f"CUDA graph unavailable: {unavailable}." if unavailable else
                     "CUDA graph: each step replays graphs captured before the first request.")
@@ -70,12 +83,14 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
     draft_shape = gr.Radio(["chain", "tree"], value="tree" if tree else "chain", label="Drafting shape",
                            elem_id="sl-shape", info="chain: k drafts in a row; tree: top-k children per node, k deep")
     tree = tree or default_tree(session.device.type)
+    lo_nodes, hi_nodes = verified_range(defaults.k or k, tree.topk)
     with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
         tree_topk = gr.Slider(1, MAX_TREE_TOPK, value=tree.topk, step=1, label="Tree top-k", elem_id="sl-tree-topk",
                               info="children expanded per node (1: a chain)")
-        num_draft_tokens = gr.Slider(0, MAX_DRAFT_TOKENS, value=tree.num_draft_tokens, step=1,
+        num_draft_tokens = gr.Slider(lo_nodes, hi_nodes, value=min(max(tree.num_draft_tokens or hi_nodes, lo_nodes),
+                                                                   hi_nodes), step=1,
                                      label="Tokens verified per step", elem_id="sl-draft-tokens",
-                                     info="the root included; 0 = every drafted node")
+                                     info="the root included; the most: every drafted node")
     draft_sampling = gr.Radio(DRAFT_SAMPLING_CHOICES, value=gen.draft_sampling, label="Draft sampling at T > 0",
                               elem_id="sl-draft-sampling", info="at T = 0 drafts are the drafter's top choices")
     temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
@@ -93,22 +108,42 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
                 seed=seed, compare=compare)
 
 
+def refusal(name: str, value, lo, hi) -> str | None:
+    """The sentence refusing a typed `value` of setting `name` outside [lo, hi] (or not a number)."""
+    try:
+        check_number(name, value, lo, hi)
+    except RequestError as e:
+        return str(e)
+    return None
+
+
 def register(c: Controls) -> None:
     """What follows a setting on the page at once (no queue, no engine)."""
 
-    def k_changed(k):
-        """The legend for k; a k typed out of range is refused in a sentence (the box then puts its
-        value back in range). Reads the raw value: Gradio's own bounds check would log a traceback."""
-        lo, hi = LIMITS["num_spec_tokens"]
-        if isinstance(k, bool) or not isinstance(k, (int, float)) or not lo <= k <= hi or k != int(k):
-            message = f"k = {k} is not allowed: k is a whole number from {lo} to {hi}."
-            gr.Warning(message)
-            return {c.legend: gr.skip(), c.status: status_html(message)}
-        return {c.legend: render_legend(int(k)), c.status: gr.skip()}
+    def refuse(message: str) -> dict:
+        gr.Warning(message)
+        return {c.status: status_html(message)}
 
-    def k_released(evt: gr.EventData):
-        """On leaving the number box, which sends the typed value, then clamps it to the slider's range."""
-        return k_changed(evt._data)
+    def typed(field: str):
+        """A listener that reads the raw value (Gradio's own bounds check would log a traceback)."""
+        lo, hi = LIMITS[field]
+
+        def setting_checked(value):
+            message = refusal(TYPED[field], value, lo, hi)
+            out = refuse(message) if message else {c.status: gr.skip()}
+            if field == "num_spec_tokens":
+                out[c.legend] = gr.skip() if message else render_legend(int(value))
+            return out
+
+        def setting_released(evt: gr.EventData):
+            """On leaving a slider's number box, which sends the typed value before clamping it."""
+            return setting_checked(evt._data)
+        return setting_checked, setting_released
+
+    def tree_sizes(depth, topk, verified):
+        """The verified tokens' slider spans what a tree of this depth and top-k can verify."""
+        lo, hi = verified_range(int(depth), int(topk))
+        return gr.update(minimum=lo, maximum=hi, value=min(max(int(verified), lo), hi))
 
     def method_options(method):
         return gr.update(**compare_options(method))
@@ -117,9 +152,16 @@ def register(c: Controls) -> None:
         return gr.Column(visible=shape == "tree")
 
     now = dict(queue=False, **PRIVATE)
-    c.num_spec_tokens.change(k_changed, inputs=[c.num_spec_tokens], outputs=[c.legend, c.status], preprocess=False,
-                             **now)
-    c.num_spec_tokens.release(k_released, outputs=[c.legend, c.status], **now)
+    for field in TYPED:
+        component = c.generation[field]
+        checked, released = typed(field)
+        outputs = [c.status, c.legend] if field == "num_spec_tokens" else [c.status]
+        component.change(checked, inputs=[component], outputs=outputs, preprocess=False, **now)
+        if isinstance(component, gr.Slider):
+            component.release(released, outputs=outputs, **now)
+    for component in (c.num_spec_tokens, c.tree_topk):
+        component.change(tree_sizes, inputs=[c.num_spec_tokens, c.tree_topk, c.num_draft_tokens],
+                         outputs=[c.num_draft_tokens], **now)
     c.method.change(method_options, inputs=[c.method], outputs=[c.compare], **now)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], **now)
     c.settings_button.click(None, js=TOGGLE_SETTINGS_JS, **PRIVATE)

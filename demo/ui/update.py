@@ -13,11 +13,11 @@ from demo.service.chat import ChatState, RunTrace, Update
 from demo.service.session import Session, panel_stats
 from demo.ui.controls import Controls
 from demo.ui.figures import acceptance_figure, acceptance_length_figure, latency_figure, throughput_figure, tree_figure
+from demo.ui.html.guide import render_guide, step_ids
 from demo.ui.html.headline import render_headline
 from demo.ui.html.inspector import rejected_texts, render_inspector, shown_ids
 from demo.ui.html.race import render_race, render_race_hint
-from demo.ui.html.render import render_chat, render_comparison, render_stats, status_html
-from demo.ui.replay import step_at
+from demo.ui.html.render import render_chat, render_comparison, render_delta, render_stats, status_html
 
 
 def conversation_html(session: Session, chat: ChatState) -> str:
@@ -58,6 +58,16 @@ def inspector_html(session: Session, trace: RunTrace | None, step: int | None) -
     return render_inspector(trace, step, dict(zip(ids, session.token_texts(ids))) if ids else {})
 
 
+def guide_html(session: Session, trace: RunTrace | None, focus: int | None = None) -> str:
+    """The reply's first steps told (demo/ui/html/guide.py), or the step `focus`; its tokens' texts
+    from the tokenizer."""
+    if trace is None:
+        return render_guide(None, {})
+    records = trace.steps if focus is None else trace.steps[focus:focus + 1]
+    ids = list(dict.fromkeys(i for r in records[:4] for i in step_ids(r)))
+    return render_guide(trace, dict(zip(ids, session.token_texts(ids))), focus)
+
+
 def comparison_html(session: Session, chat: ChatState) -> str:
     cmp = chat.comparison
     return render_comparison(cmp.speedup, cmp.speculative_tokens_per_s, cmp.baseline_tokens_per_s, cmp.identical,
@@ -65,20 +75,32 @@ def comparison_html(session: Session, chat: ChatState) -> str:
                              cmp.one_row_difference) if cmp else ""
 
 
-def finished_race(chat: ChatState) -> str:
-    """The race panel at the finish of both runs (the hint without a comparison)."""
+def race_runs(chat: ChatState):
+    """(reply, trace) of the race's two lanes: the comparison's timed runs (nothing drawn between their
+    steps), the speculative one falling back to the streamed reply; None without a comparison."""
     cmp = chat.comparison
     if cmp is None or cmp.baseline_trace is None or chat.trace is None:
+        return None
+    spec = (cmp.speculative, cmp.speculative_trace) if cmp.speculative_trace else (chat.turns[-1], chat.trace)
+    return spec, (cmp.baseline, cmp.baseline_trace)
+
+
+def finished_race(chat: ChatState) -> str:
+    """The race panel at the finish of both runs (the hint without a comparison)."""
+    runs = race_runs(chat)
+    if runs is None:
         return render_race_hint()
-    steps = (len(chat.trace.points), len(cmp.baseline_trace.points))
-    t = max(chat.trace.stats.elapsed_s, cmp.baseline_trace.stats.elapsed_s)
-    return render_race(METHOD_LABELS[chat.trace.method], chat.turns[-1], chat.trace, cmp.baseline,
-                       cmp.baseline_trace, t, steps, cmp)
+    (reply, spec), (base_reply, base) = runs
+    steps = (len(spec.points), len(base.points))
+    t = max(spec.stats.elapsed_s, base.stats.elapsed_s)
+    return render_race(METHOD_LABELS[spec.method], reply, spec, base_reply, base, t, steps, chat.comparison)
 
 
 def chat_view(c: Controls, session: Session, chat: ChatState, figures: bool = True) -> dict:
-    """The text and the stats of one chat state and, with `figures`, its charts and tree view."""
+    """The text, the headline and the stats of one chat state and, with `figures`, its charts and
+    tree view: one source, so they always count the same tokens."""
     out = {c.conversation: conversation_html(session, chat),
+           c.headline: render_headline(chat.trace, chat.comparison), c.guide: guide_html(session, chat.trace),
            c.stats: render_stats(panel_stats(session, chat.trace), DEFINITIONS)}
     if figures:
         out.update(zip(c.plots, figures_of(chat.trace)))
@@ -87,28 +109,32 @@ def chat_view(c: Controls, session: Session, chat: ChatState, figures: bool = Tr
     return out
 
 
-def streamed(c: Controls, session: Session, update: Update, baseline_tps: float | None, *, view: str,
-             figures: bool = False) -> dict:
-    """One streamed update of a reply, from its chat state. `view` says what it draws:
+def streamed(c: Controls, session: Session, update: Update, on_page: int | None, *, text: bool,
+             figures: bool = False) -> tuple[dict, int | None]:
+    """One streamed update of a reply, from its chat state, and how many of the reply's tokens the
+    page then holds. `on_page`: how many it holds now (None: the reply is not on the page yet).
 
-    - "status": the status line only (a paced reply: the replay after it draws the steps);
-    - "race": the comparison's target-only run streaming into the race, the speculative lane
-      beside it as it was after the same engine time;
-    - "reply": the text, the stats and the headline (with `figures`, the charts and the tree view).
-
-    A finished reply (update.done) also carries its headline, comparison and race, whatever `view`.
-    """
+    The status line always; with `text`, what the reply gained: the whole conversation once, then
+    only each step's new tokens (render_delta, for assets/stream.js to append), the headline and
+    the stats, and with `figures` the charts and the tree view. A finished reply (update.done)
+    carries its whole rendering, its comparison and its race."""
     chat = update.chat
     out = {c.status: status_html(update.status, "done" if update.done else "info")}
-    if view == "race":
-        trace, base = chat.trace, update.baseline_trace
-        t = base.stats.elapsed_s
-        out[c.race] = render_race(METHOD_LABELS[trace.method], chat.turns[-1], trace, update.baseline, base, t,
-                                  (step_at(trace, t), len(base.points)), None)
-    elif view == "reply":
-        out |= {c.chat: chat, **chat_view(c, session, chat, figures)}
-    if view == "reply" or update.done:
-        out[c.headline] = render_headline(chat.trace, baseline_tps, chat.comparison)
     if update.done:
-        out |= {c.chat: chat, c.comparison: comparison_html(session, chat), c.race: finished_race(chat)}
-    return out
+        out |= {c.chat: chat, **chat_view(c, session, chat), c.comparison: comparison_html(session, chat),
+                c.race: finished_race(chat)}
+        return out, None
+    if not text:
+        return out, on_page
+    reply = chat.turns[-1]
+    if on_page is None:
+        out[c.conversation] = conversation_html(session, chat)
+    elif len(reply.pieces) > on_page:
+        rejected = rejected_texts(chat.trace, session.token_texts)
+        out[c.stream] = render_delta(len(chat.turns), reply.pieces, on_page, rejected)
+    out |= {c.headline: render_headline(chat.trace, chat.comparison),
+            c.stats: render_stats(panel_stats(session, chat.trace), DEFINITIONS)}
+    if figures:
+        out.update(zip(c.plots, figures_of(chat.trace)))
+        out |= {c.tree: tree_view(session, chat.trace), c.tree_step: tree_step_update(chat.trace)}
+    return out, len(reply.pieces)

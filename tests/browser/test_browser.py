@@ -173,10 +173,11 @@ def test_long_text_scrolls_inside_the_conversation_box(app_url, driver, size):
     wait_for(lambda: css(driver, "#sl-conversation .sl-user-text"), 60, "the long turn")
     time.sleep(1.0)
     chat = css(driver, "#sl-conversation")[0]
-    bottom = driver.execute_script("return arguments[0].getBoundingClientRect().bottom;", chat)
-    for below in ("#sl-prompt", "#sl-generate", "#sl-status", "#sl-stats"):
-        top = driver.execute_script("return arguments[0].getBoundingClientRect().top;", css(driver, below)[0])
-        assert bottom <= top + 1, f"the conversation spills over {below}"
+    box = rect(driver, chat)
+    for above in ("#sl-prompt", "#sl-generate", "#sl-status"):
+        assert rect(driver, css(driver, above)[0])["bottom"] <= box["top"] + 1, f"the conversation covers {above}"
+    for below in ("#sl-inspector", "#sl-stats"):
+        assert box["bottom"] <= rect(driver, css(driver, below)[0])["top"] + 1, f"the conversation spills over {below}"
     assert driver.execute_script("return arguments[0].scrollHeight > arguments[0].clientHeight + 10 && "
                                  "['auto', 'scroll'].includes(getComputedStyle(arguments[0]).overflowY);", chat)
 

@@ -16,7 +16,7 @@ from demo.views import build_demo
 from tests.service.test_hosting import client, serve, ui_event
 from tests.tiny_chat import tiny_session
 
-SMALL = {"sl-bench-methods": ["none", "eagle"], "sl-bench-ks": [2], "sl-bench-num-prompts": 2, "sl-bench-max-new": 8}
+SMALL = {"sl-bench-methods": ["none", "eagle"], "sl-bench-ks": [2], "sl-bench-num-prompts": 2, "sl-bench-max-new": 10}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(pub
         assert "done: 2 configuration(s) on 2 prompts of assets/prompts/categories.jsonl" in out["sl-bench-status"]
         summary = out["sl-bench-summary"]["data"]
         assert [row[0] for row in summary] == ["target only · eager", "EAGLE k=2 · eager"]
-        assert summary[1][3] == 3.0 and summary[1][4] == "1.00 · 1.00"  # every draft accepted: k + 1 per forward
+        assert summary[1][3] == 3.0 and summary[1][4] == "1.00 · 1.00"  # every draft accepted, 10 = 1 + 3 steps of k + 1
         categories = out["sl-bench-categories"]["data"]
         assert {(row[0], row[1]) for row in categories} == {(c, cat) for c in ("target only · eager", "EAGLE k=2 · eager")
                                                             for cat in ("writing", "roleplay")}  # one from each

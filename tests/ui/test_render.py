@@ -165,8 +165,8 @@ def test_legend_shows_one_swatch_per_depth():
     assert depth_color(6) not in legend
     assert "target's own token" in shown(legend).text and "resampled" in legend
     text = shown(legend).text
-    assert "rejected draft" in text and "first choice below the last accepted token" in text
-    assert "thin red underline" in text and "click or tap a token" in text
+    assert "rejected draft" in text and "first choice below the last accepted token" in legend  # on hover
+    assert "resampled (T > 0)" in text and "click or tap a token" in text
 
 
 def test_stats_panel_shows_numbers_with_their_definitions():

@@ -29,7 +29,7 @@ DEPTH_COLORS = ("#e3f4a8", "#c2e6a0", "#9ed9a9", "#74c9b8", "#48b5c4",
 DARK_FROM_DEPTH = 6  # white text on depths 6..10
 RESAMPLED_STYLE = ("text-decoration-line:underline;text-decoration-color:#d62728;text-decoration-thickness:1px;"
                    "text-underline-offset:3px")
-REJECTED_STYLE = ("color:#8a8a8a;text-decoration-line:line-through;text-decoration-color:#8a8a8a;"
+REJECTED_STYLE = ("color:#6e6e6e;text-decoration-line:line-through;text-decoration-color:#6e6e6e;"
                   "user-select:none")  # not part of the reply: copying the text leaves it out
 TEXT_STYLE = "white-space:pre-wrap;overflow-wrap:anywhere"
 
@@ -72,17 +72,26 @@ def rejected_span(step: int, texts: list[str]) -> str:
             f"{escape(text)}</span>")
 
 
-def render_reply(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None = None,
-                 inspectable: bool = False) -> str:
-    """The highlighted text of one reply; `rejected`: step -> its rejected draft's token texts, shown
-    before the target's own token of that step; `inspectable`: tokens carry their step."""
+def reply_spans(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None = None,
+                inspectable: bool = False) -> str:
+    """The spans of these tokens, each step's rejected draft (`rejected`: step -> its token texts)
+    before the target's own token of that step; `inspectable`: tokens carry their step. A reply's
+    spans are those of its steps one after another, so a streamed page appends them (render_delta)."""
     rejected = rejected or {}
     spans = []
     for p in pieces:
         if not p.depth and p.step in rejected:
             spans.append(rejected_span(p.step, rejected[p.step]))
         spans.append(token_span(p, inspectable))
-    return f'<div class="sl-text sl-reply" style="{TEXT_STYLE}">{"".join(spans)}</div>'
+    return "".join(spans)
+
+
+def render_reply(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None = None,
+                 inspectable: bool = False) -> str:
+    """The highlighted text of one reply (reply_spans); the latest reply (`inspectable`) says how many
+    tokens it holds (data-pieces), which the streamed page counts on."""
+    count = f' data-pieces="{len(pieces)}"' if inspectable else ""
+    return f'<div class="sl-text sl-reply" style="{TEXT_STYLE}"{count}>{reply_spans(pieces, rejected, inspectable)}</div>'
 
 
 def render_user(text: str) -> str:
@@ -114,22 +123,24 @@ def render_chat(chat: ChatState, rejected: dict[int, list[str]] | None = None) -
 
 
 def render_legend(k: int) -> str:
-    """Colour key: accepted draft tokens by depth 1..k, the target's own token, resampled tokens."""
+    """Colour key in one line: accepted draft tokens by depth 1..k, the target's own token, a rejected
+    draft, a resampled token (each swatch says more on hover; the explainer says it all)."""
     k = max(1, min(k, len(DEPTH_COLORS)))
     swatches = "".join(
         f'<span class="sl-swatch" style="background:{depth_color(d)};color:'
         f'{"#fff" if d >= DARK_FROM_DEPTH else "#1b1b1b"}" title="accepted draft token at depth {d}">{d}</span>'
         for d in range(1, k + 1))
     return ('<div class="sl-legend">'
-            f'<span class="sl-legend-item">accepted draft token, by depth in the draft: {swatches}</span>'
-            '<span class="sl-legend-item"><span class="sl-swatch sl-own" title="the target\'s own token">'
-            "abc</span> the target's own token (1 per step)</span>"
-            f'<span class="sl-legend-item sl-legend-long"><span class="sl-swatch" style="{REJECTED_STYLE}" '
-            'title="a rejected draft">abc</span> rejected draft: the rest of a chain\'s draft; in a tree, the '
-            "drafter's first choice below the last accepted token</span>"
-            f'<span class="sl-legend-item sl-legend-long"><span class="sl-swatch" style="{RESAMPLED_STYLE}" '
-            'title="resampled after a rejection">abc</span> thin red underline: at T &gt; 0 the target\'s token '
-            "was resampled, drawn from what is left of p after a rejection</span>"
+            f'<span class="sl-legend-item">accepted draft, by depth: {swatches}</span>'
+            '<span class="sl-legend-item"><span class="sl-swatch sl-own" title="the target\'s own token: one ends '
+            "every step, the correction after a rejection or the bonus after a full accept\">abc</span> the target's "
+            "own token</span>"
+            f'<span class="sl-legend-item"><span class="sl-swatch" style="{REJECTED_STYLE}" title="a rejected draft: '
+            "the rest of a chain's draft; in a tree, the drafter's first choice below the last accepted token\">abc"
+            "</span> rejected draft</span>"
+            f'<span class="sl-legend-item"><span class="sl-swatch" style="{RESAMPLED_STYLE}" title="at T &gt; 0 the '
+            'target\'s token was resampled, drawn from what is left of p after a rejection">abc</span> resampled '
+            "(T &gt; 0)</span>"
             '<span class="sl-legend-item sl-legend-hint">click or tap a token to inspect its step</span>'
             "</div>")
 
@@ -178,8 +189,8 @@ def render_comparison(speedup: float, spec_tps: float, base_tps: float, identica
     the 1-row baseline may differ from `one_row_difference` on)."""
     lines = [f'<div class="sl-speedup"><b>{speedup:.2f}×</b> vs target-only '
              f"({spec_tps:.1f} vs {base_tps:.1f} tokens/s of engine time, same mode)</div>",
-             '<div class="sl-def">Engine time: each run\'s prefill and decoding steps; the time spent drawing '
-             "this page between steps counts in neither.</div>"]
+             '<div class="sl-def">Engine time: each run\'s prefill and decoding steps, both runs timed again with '
+             "nothing drawn between their steps (drawing the page slows the streamed reply).</div>"]
     if identical is None:
         lines.append('<div class="sl-identity">T &gt; 0: the two samples differ by design; speculative '
                      "sampling keeps the target's distribution.</div>")
@@ -211,3 +222,12 @@ def notices_html(warnings: list[str]) -> str:
     """The models' warnings (a random-init drafter, a drafter's note), or nothing."""
     items = "".join(f"<li>{escape(w)}</li>" for w in warnings)
     return f'<div class="sl-warning"><b>⚠ Note</b><ul>{items}</ul></div>' if items else ""
+
+
+def render_delta(reply_id: int, pieces: list[TokenPiece], start: int, rejected: dict[int, list[str]]) -> str:
+    """What a streamed step adds to the page: the latest reply's tokens from index `start` on, with
+    their steps' rejected drafts, for assets/stream.js to append where the reply holds `start`
+    tokens (data-pieces); `reply_id` tells two replies' deltas apart."""
+    spans = reply_spans(pieces[start:], {s: t for s, t in rejected.items() if s >= pieces[start].step}
+                        if start < len(pieces) else {}, True)
+    return f'<div class="sl-delta" data-reply="{reply_id}" data-from="{start}" data-to="{len(pieces)}">{spans}</div>'
