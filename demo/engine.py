@@ -305,10 +305,13 @@ class Engine:
         return {"method": self.method, "mode": mode_label(self.mode, self.compile),
                 "device": str(self.device), "dtype": dtype_label(self.target.dtype), "max_context": self.max_context}
 
+    @torch.inference_mode()
     def prepare(self, shape: DraftShape | int, used: int | None = None) -> StepBuffers:
         """Allocate the persistent buffers for a draft shape (an int k: a chain of k) and, in
         cudagraph mode, capture its steps now, never in the middle of a generation: over every
-        attend bucket up to the one `used` slots need (a generation's reach), None: all of them."""
+        attend bucket up to the one `used` slots need (a generation's reach), None: all of them.
+        Always in inference mode, as generate() is: buffers a generation allocated are inference
+        tensors, which a later capture outside inference mode could not restore in place."""
         shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
         b = self._buffers.get(shape) or self._allocate(shape)
         if self.mode == "cudagraph":
@@ -418,7 +421,7 @@ class Engine:
                     accept(logits, features)
                 return logits, features
 
-            b.lanes[attend] = []
+            lanes = []  # the bucket's entry appears once both lanes are captured, never half made
             bucket = "" if attend == self.max_context else f"@{attend}"
             for i in range(2):  # two lanes (Lane): the same compiled functions, captured twice
                 marks = tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
@@ -426,10 +429,10 @@ class Engine:
                 if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
                     graphs["step"] = captured(lambda marks=marks, step=step: step(True, marks))
                 graphs["step_sampled"] = captured(lambda marks=marks, step=step: step(False, marks))
-                b.lanes[attend].append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
-                                            torch.empty(b.result.shape, dtype=b.result.dtype,
-                                                        pin_memory=b.result.is_cuda)))
+                lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
+                                  torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
                 b.graphs.update({name + bucket + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
+            b.lanes[attend] = lanes
         if first:
             for size in self.prefill_buckets():
                 b.graphs[f"prefill{size}"] = captured(

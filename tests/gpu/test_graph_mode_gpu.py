@@ -197,3 +197,22 @@ def test_in_bf16_a_chain_gives_the_tokens_of_target_only_run_at_its_width_on_a_g
         spec = reply_tokens(engine, prompt, max_new_tokens=64, num_spec_tokens=7, stop_token_ids=())
         ref = reply_tokens(engine, prompt, max_new_tokens=64, num_spec_tokens=0, target_only_width=8, stop_token_ids=())
         assert spec == ref, seed
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
+def test_a_shape_a_short_reply_captured_in_part_is_completed_outside_inference_mode(tree, monkeypatch):
+    """A short reply captures only the attend buckets it reaches, in inference mode; the app's
+    prepare() of the whole shape comes later, outside it (demo/service/session.py), and must finish
+    the capture, so that a long reply in the buckets beyond replays graphs with eager's tokens."""
+    monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 64)  # buckets 64, 128, 256
+    target = Target(tiny_hf("llama").to("cuda"))
+    drafter = tiny_drafter("eagle3", target)
+    gen = dict(num_spec_tokens=3, tree=tree, stop_token_ids=())
+    engine = Engine(target, drafter, mode="cudagraph", max_context=256)
+    reply_tokens(engine, PROMPT, max_new_tokens=8, **gen)
+    shape = GenerationConfig(**gen).draft_shape(3)
+    assert max(engine.prepare(shape, 8).lanes) < 256  # the short reply left the largest bucket uncaptured
+    buffers = engine.prepare(shape)  # as the app does, outside inference mode
+    assert all(len(lanes) == 2 for lanes in buffers.lanes.values()) and max(buffers.lanes) == 256
+    long = dict(max_new_tokens=200, **gen)
+    assert reply_tokens(engine, PROMPT, **long) == reply_tokens(Engine(target, drafter, max_context=256), PROMPT, **long)
