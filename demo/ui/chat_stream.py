@@ -42,7 +42,7 @@ def build_chat_column(k: int) -> dict:
         # lines > 1: Gradio's textbox inserts a newline on Enter and submits on Shift+Enter
         prompt = gr.Textbox(placeholder=PROMPT_HINT, show_label=False, lines=2, max_lines=6, scale=5,
                             elem_id="sl-prompt")
-        with gr.Column(scale=1, min_width=130):
+        with gr.Column(scale=1, min_width=130, elem_classes=["sl-buttons"]):
             generate = gr.Button("Generate", variant="primary", elem_id="sl-generate")
             with gr.Row():
                 stop = gr.Button("Stop", variant="stop", elem_id="sl-stop", min_width=55)
@@ -118,11 +118,11 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
             on_page = None  # tokens of the reply the page holds (None: not on the page yet)
             for update in on_engine_thread(session.reply(chat, request)):
                 now = time.monotonic()
-                if not update.done and now - last_text < TEXT_INTERVAL_S:
-                    continue
-                last_text = now
                 reply = update.chat.turns[-1]
                 streaming = reply.role == "assistant" and reply.state == "streaming"
+                if streaming and now - last_text < TEXT_INTERVAL_S:  # a step may wait; a new phase may not
+                    continue
+                last_text = now
                 if paced and not update.done:
                     update.status += " · the step-by-step replay follows"
                 figures = now - last_figures >= FIGURE_INTERVAL_S

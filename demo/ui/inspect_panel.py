@@ -56,8 +56,13 @@ def register(c: Controls, cache: ModelCache) -> None:
                 c.tree_step: tree_step_update(trace, step) if drafted else gr.skip()}
 
     answer = dict(trigger_mode="always_last", show_progress="hidden", **PRIVATE)
+    def typed_step(chat, model, evt: gr.EventData):
+        """On leaving the slider's number box, which sends the typed value before clamping it."""
+        return show_tree(chat, evt._data, model)
+
     c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree, c.inspector, c.tree_step],
-                      preprocess=False, **answer)
+                      **answer)
+    c.tree_step.release(typed_step, inputs=[c.chat, c.model], outputs=[c.tree, c.inspector, c.tree_step], **answer)
     c.inspector.click(inspect, inputs=[c.chat, c.model], outputs=[c.inspector, c.tree, c.tree_step], **answer)
     # rejected drafts are always in the page's HTML; the toggle shows or hides them in the browser
     c.show_rejected.change(None, inputs=[c.show_rejected], js=SHOW_REJECTED_JS, **PRIVATE)

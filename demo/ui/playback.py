@@ -128,5 +128,7 @@ def register(c: Controls, cache: ModelCache, replies: list) -> list:
     for button, fn in ((c.step_back, step_back), (c.step_next, step_on)):
         button.click(fn, inputs=[c.chat, c.model, c.shown_step], outputs=[*shown, c.inspector, c.shown_step],
                      queue=False, show_progress="hidden", **PRIVATE)
-    return [*after, c.replay.click(replay, inputs=[c.chat, c.pace, c.model], outputs=[*shown, c.shown_step], **playback),
-            c.race_button.click(race, inputs=[c.chat, c.pace], outputs=[c.race], **playback)]
+    # a click while a playback runs starts a new one ("multiple"), which stops the old (next_playback)
+    again = dict(trigger_mode="multiple", **playback)
+    return [*after, c.replay.click(replay, inputs=[c.chat, c.pace, c.model], outputs=[*shown, c.shown_step], **again),
+            c.race_button.click(race, inputs=[c.chat, c.pace], outputs=[c.race], **again)]

@@ -162,7 +162,8 @@ def test_lossless_check_holds_when_every_draft_is_accepted(tmp_path, capsys):
     drafter = _drafter_dir(tmp_path / "drafter", "eagle", target, copy_head=True)
     out_json = tmp_path / "out.json"
     argv = ["--target", str(target), "--method", "eagle", "--drafter", str(drafter), "--prompt", "Say something.",
-            "--check-lossless", "--num-spec-tokens", "4", "--json", str(out_json), *FAST]
+            "--check-lossless", "--num-spec-tokens", "4", "--json", str(out_json), *FAST,
+            "--max-new-tokens", "11"]  # 1 + 2 full steps of 5: no step cut by the budget
     assert bench.main(argv) == 0
     assert "lossless: identical (1/1 prompts)" in capsys.readouterr().out.splitlines()
     summary = json.loads(out_json.read_text())["totals"]["summary"]
@@ -201,8 +202,10 @@ def test_category_rows_count_acceptance_over_each_categorys_drafts():
                                                 "num_generated": tokens, "elapsed_s": seconds}}
     rows = category_rows([rec("math", 10, 20, 31, 1.0), rec("coding", 4, 4, 9, 0.5), rec("math", 30, 20, 51, 1.0)])
     # math: 1 + (20 + 20) / (10 + 30) = 2.0 over both prompts, not the mean of 3.0 and 1.67
-    assert rows == [{"category": "coding", "prompts": 1, "mean_acceptance_length": 2.0, "tokens_per_s": 18.0},
-                    {"category": "math", "prompts": 2, "mean_acceptance_length": 2.0, "tokens_per_s": 41.0}]
+    assert rows == [{"category": "coding", "prompts": 1, "generated_tokens": 9, "mean_acceptance_length": 2.0,
+                     "tokens_per_s": 18.0},
+                    {"category": "math", "prompts": 2, "generated_tokens": 82, "mean_acceptance_length": 2.0,
+                     "tokens_per_s": 41.0}]
 
 
 def test_divergence_report_names_the_first_differing_prompt_and_position():

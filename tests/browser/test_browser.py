@@ -132,8 +132,8 @@ def test_k_typed_out_of_range_is_refused_with_a_sentence(app_url, driver):
     k = usable(driver, "#sl-k input[type=number]")
     k.send_keys(Keys.CONTROL, "a")
     k.send_keys("15", Keys.TAB)
-    wait_for(lambda: "k = 15 is not allowed" in css(driver, "#sl-status")[0].text, 30, "the refusal of k = 15")
-    assert "from 1 to 10" in css(driver, "#sl-status")[0].text
+    wait_for(lambda: "k = 15 is out of range" in css(driver, "#sl-status")[0].text, 30, "the refusal of k = 15")
+    assert "allowed 1 to 10" in css(driver, "#sl-status")[0].text
     log = (ARTIFACTS / "browser_app.log").read_text()
     assert "Traceback" not in log and "greater than maximum" not in log
 

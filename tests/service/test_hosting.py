@@ -145,7 +145,7 @@ def test_public_app_registers_no_event_that_loads_a_path_or_a_hub_id():
     assert public == local - {"load_custom"}
     assert public == {"user", "bot", "follow", "replay", "race", "step_back", "step_on", "stop", "clear", None, "choose_preset",
                       "setting_checked", "setting_released", "tree_sizes", "method_options", "shape_options",
-                      "show_tree", "inspect", "load_example",
+                      "show_tree", "typed_step", "inspect", "load_example",
                       "trace_download", "no_trace", "run_benchmark", "bench_stopped", "describe_prompts", "plan_work",
                       "models_changed", "generate"}  # None: Stop and Clear's cancel-only triggers, Settings and the page's load (js)
 
