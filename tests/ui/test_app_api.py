@@ -1,5 +1,6 @@
 """The /generate endpoint, answered through gradio_client by a locally launched app (tiny model)."""
 
+import re
 import socket
 
 import pytest
@@ -100,3 +101,12 @@ def test_the_defaults_are_the_devices_fastest_mode_and_draft_shape(client):
     k, tree = default_draft("cpu")
     assert defaults["mode"] == "eager"  # a CPU: graph mode needs a CUDA GPU
     assert (defaults["num_spec_tokens"], defaults["tree_topk"]) == (k, tree.topk if tree else 0)
+
+
+def test_the_served_probe_answers_every_mode_and_shape_and_counts_a_replys_bytes(client):
+    from demo.bench.served import probe
+
+    report = probe(client.src, max_new_tokens=8, long_tokens=16)
+    rows = [line for line in report.splitlines() if line.startswith("| eager")]
+    assert len(rows) == 5 and all("| yes |" in row for row in rows), report  # a CPU app: eager mode only
+    assert "4/4 answered" in report and re.search(r"\(16 tokens, max new tokens 16\): [\d,]+ bytes", report)

@@ -1,0 +1,129 @@
+"""A served app measured from outside, through /generate as any client calls it.
+
+    python app.py &                                   # on the machine to measure
+    python -m demo.bench.served --url http://127.0.0.1:7860/ --max-new-tokens 256
+
+For each mode the app offers and each draft shape (target only, a chain of 3, the device's default
+draft, EAGLE-1's chain, and a sampled chain at T = 0.8): whether /generate answered without an
+error, its tokens, its tokens/s of engine time and its tokens per target call; then the app's own
+defaults (no setting given) over a few prompts, and the bytes one reply of --long-tokens streams,
+counted on the wire (the raw server-sent events of /gradio_api/call/generate). Needs gradio_client
+and httpx (the app's own requirements).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+PROMPTS = ("Explain how a bicycle gear works.", "Write a short poem about the sea.",
+           "Give three tips for learning a new language.", "What is the difference between weather and climate?")
+# replies long enough to fill --long-tokens; the first that does is the one counted
+LONG_PROMPTS = ("Write a long, detailed story about a lighthouse keeper and a storm, with many characters.",
+                "Count from 1 to 400, writing each number as a word, separated by commas.",
+                "Write a detailed, multi-chapter history of the bicycle, from its invention to today.")
+
+
+@dataclass
+class ServedRow:
+    name: str
+    settings: dict
+    ok: bool
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    tokens_per_call: float = 0.0
+    error: str = ""
+
+
+def shapes(device_k: int, device_tree: tuple[int, int]) -> list[tuple[str, dict]]:
+    """(name, /generate settings) of every shape measured in each mode."""
+    topk, verified = device_tree
+    return [("target only", dict(method="none")),
+            ("EAGLE-3 chain of 3", dict(method="eagle3", num_spec_tokens=3, tree_topk=0, num_draft_tokens=0)),
+            (f"EAGLE-3 tree {device_k} x {topk}, {verified}",
+             dict(method="eagle3", num_spec_tokens=device_k, tree_topk=topk, num_draft_tokens=verified)),
+            ("EAGLE chain of 3", dict(method="eagle", num_spec_tokens=3, tree_topk=0, num_draft_tokens=0)),
+            ("EAGLE-3 chain of 3, T = 0.8", dict(method="eagle3", num_spec_tokens=3, tree_topk=0, temperature=0.8))]
+
+
+def call(client, prompt: str, max_new_tokens: int, **settings) -> ServedRow:
+    """One /generate call; its last value's numbers, or the error it answered with."""
+    try:
+        final = client.predict(prompt=prompt, max_new_tokens=max_new_tokens, api_name="/generate", **settings)
+    except Exception as e:  # the point is to see every error the app answers with
+        return ServedRow("", settings, False, error=" ".join(str(e).split())[:200])
+    s = final["stats"]
+    return ServedRow("", settings, bool(final["done"]), s.get("num_generated", 0), s.get("tokens_per_s", 0.0),
+                     s.get("tokens_per_call", 0.0))
+
+
+def streamed_bytes(url: str, params: dict, prompt: str, max_new_tokens: int) -> tuple[int, int, int]:
+    """(bytes on the wire, values streamed, tokens) of one /generate reply with the app's defaults
+    (`params`: name -> default, in the endpoint's order) but for the prompt and max new tokens."""
+    import httpx
+
+    data = [{**params, "prompt": prompt, "max_new_tokens": max_new_tokens}[name] for name in params]
+    with httpx.Client(timeout=600) as http:
+        r = http.post(url + "gradio_api/call/generate", json={"data": data})
+        r.raise_for_status()
+        total, values, last = 0, 0, None
+        with http.stream("GET", url + f"gradio_api/call/generate/{r.json()['event_id']}") as stream:
+            for line in stream.iter_lines():
+                total += len(line.encode()) + 1
+                if line.startswith("data:") and line[5:].strip() not in ("", "null"):
+                    values += 1
+                    last = line[5:]
+    data = json.loads(last) if last else None
+    tokens = data[0]["stats"].get("num_generated", 0) if isinstance(data, list) and data else 0
+    return total, values, tokens
+
+
+def probe(url: str, max_new_tokens: int = 256, long_tokens: int = 512, modes: tuple[str, ...] | None = None) -> str:
+    """Every mode x shape, the defaults over PROMPTS and one long reply's bytes, as a markdown report."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    params = {p["parameter_name"]: p.get("parameter_default")
+              for p in client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]}
+    modes = modes or (("eager", "cudagraph") if params.get("mode") == "cudagraph" else ("eager",))
+    lines = [f"defaults: mode {params['mode']}, k {params['num_spec_tokens']}, tree top-k {params['tree_topk']}, "
+             f"{params['num_draft_tokens']} verified", "",
+             "| mode | shape | answered | tokens | tokens/s | tokens per target call | error |", "|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        for name, settings in shapes(params["num_spec_tokens"], (params["tree_topk"] or 8, params["num_draft_tokens"]
+                                                                 or 64)):
+            row = call(client, PROMPTS[0], max_new_tokens, mode=mode, **settings)
+            lines.append(f"| {mode} | {name} | {'yes' if row.ok else 'no'} | {row.tokens} | {row.tokens_per_s:.1f} | "
+                         f"{row.tokens_per_call:.2f} | {row.error} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    call(client, PROMPTS[0], 16)  # the defaults' shape captured before it is timed
+    rows = [call(client, prompt, max_new_tokens) for prompt in PROMPTS]
+    tokens, seconds = sum(r.tokens for r in rows), sum(r.tokens / r.tokens_per_s for r in rows if r.tokens_per_s)
+    lines += ["", f"the defaults over {len(rows)} prompts, {max_new_tokens} new tokens at most: "
+              f"{tokens / seconds if seconds else 0:.1f} tokens/s of engine time, "
+              f"{sum(r.ok for r in rows)}/{len(rows)} answered"]
+    for prompt in LONG_PROMPTS:
+        start = time.perf_counter()
+        nbytes, values, long = streamed_bytes(url, params, prompt, long_tokens)
+        if long >= long_tokens:
+            break
+    lines.append(f"one reply with the defaults ({long} tokens, max new tokens {long_tokens}): {nbytes:,} bytes in "
+                 f"{values} values on the wire, {time.perf_counter() - start:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m demo.bench.served", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:7860/")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--long-tokens", type=int, default=512, help="max new tokens of the reply whose bytes are counted")
+    a = p.parse_args(argv)
+    print(probe(a.url.rstrip("/") + "/", a.max_new_tokens, a.long_tokens))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
