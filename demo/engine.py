@@ -639,8 +639,8 @@ class Engine:
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], gen: GenerationConfig) -> Iterator[StepEvent]:
         """Yield one StepEvent per decoding step (step 0: prefill). Engine time excludes the time
-        the consumer spends between events (in graph mode the device runs the next step meanwhile,
-        so a slow consumer waits less for it)."""
+        the consumer spends between events; in graph mode the device runs the next step meanwhile,
+        so a step counts at least its own device time however long the consumer held it."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if gen.max_new_tokens < 1:
@@ -729,7 +729,11 @@ class Engine:
             if done and ahead:  # the step run ahead was wasted: this generation pays for it
                 ahead_lane.copied.synchronize()
             stats.observe_step(len(emitted), draft_ms, verify_ms, kept)
-            stats.elapsed_s += time.perf_counter() - clock
+            # graph mode runs the next step while the consumer holds this one: the wall clock without
+            # the consumer's time can be shorter than the step's own device time, which is the least
+            # a step costs (a slow consumer, such as a page drawing each step, must not speed it up)
+            wall = time.perf_counter() - clock
+            stats.elapsed_s += max(wall, (draft_ms + verify_ms) / 1e3) if b.lanes else wall
             end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
             resampled = not params.greedy and end in tree.parents and len(emitted) == n + 1
             yield StepEvent(step, tree.tokens, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,

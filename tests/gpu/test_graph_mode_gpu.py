@@ -216,3 +216,23 @@ def test_a_shape_a_short_reply_captured_in_part_is_completed_outside_inference_m
     assert all(len(lanes) == 2 for lanes in buffers.lanes.values()) and max(buffers.lanes) == 256
     long = dict(max_new_tokens=200, **gen)
     assert reply_tokens(engine, PROMPT, **long) == reply_tokens(Engine(target, drafter, max_context=256), PROMPT, **long)
+
+
+def test_a_slow_consumer_never_counts_a_graph_step_below_its_device_time():
+    """Graph mode runs step s + 1 while the consumer holds step s (the page draws it, the API sends
+    it): the engine's clock must still count each step at least its own device time, or a slow
+    consumer would inflate tokens/s (an H200 served target-only at an impossible 4,500 tokens/s)."""
+    import time
+
+    target = Target(tiny_hf("llama").to("cuda"))
+    engine = Engine(target, tiny_drafter("eagle3", target), mode="cudagraph", max_context=256)
+    gen = GenerationConfig(max_new_tokens=60, num_spec_tokens=3, stop_token_ids=())
+    list(engine.generate(PROMPT, gen))  # captured
+    events = []
+    for event in engine.generate(PROMPT, gen):
+        events.append(event)
+        time.sleep(0.01)  # a consumer far slower than a step
+    device_s = sum(e.draft_ms + e.verify_ms for e in events[1:]) / 1e3
+    stats = events[-1].stats
+    assert stats.elapsed_s >= device_s  # every step at least its device time (and the prefill besides)
+    assert stats.elapsed_s < 0.01 * len(events)  # and the consumer's sleeps are not counted
