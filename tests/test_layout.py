@@ -228,3 +228,12 @@ def test_no_product_module_rebinds_a_process_wide_switch():
     flips = [f"{p.relative_to(ROOT)}:{f.name}" for p in product_files() for f in functions(p)
              if any(isinstance(n, ast.Global) for n in ast.walk(f))]
     assert not flips, flips
+
+
+MAX_DOC_BYTES = 25 * 1024  # the README and each reference doc: the present, not a ledger (docs/runs/ keeps those)
+
+
+def test_the_readme_and_the_reference_docs_stay_within_25_kb():
+    docs = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("PERFORMANCE.md", "TRAINING.md", "RESULTS.md"))]
+    large = {d.name: d.stat().st_size for d in docs if d.stat().st_size > MAX_DOC_BYTES}
+    assert not large, large
