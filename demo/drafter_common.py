@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from demo.kv_cache import KVCache
-from demo.layers import causal_slot_mask, linear, rms_norm, rope_inv_freq, rope_tables, stacked
+from demo.layers import (causal_slot_mask, int8_available, linear, rms_norm, rope_inv_freq, rope_tables, stacked,
+                         use_int8_weights)
 
 
 @dataclass
@@ -120,6 +121,18 @@ class DraftMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+INT8_HEAD_MIN_BYTES = 8 << 20  # an fp32 head this large or larger is read through its int8 copy (use_int8_head)
+
+
+def drafter_int8(target_dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a drafter's own head multiplies in int8 beside a target of `target_dtype` on
+    `device`: on a CPU whose drafter computes in fp32 (no native bf16, ``drafter_dtype``), where
+    a draft step is bound by reading its weights and fbgemm's int8 multiply reads a quarter of the
+    bytes (docs/PERFORMANCE.md, "On a CPU")."""
+    return torch.device(device).type == "cpu" and drafter_dtype(target_dtype, device) == torch.float32 \
+        and int8_available()
+
+
 def drafter_dtype(target_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
     """What a drafter computes in beside a target of `target_dtype` on `device`: bf16 beside an fp32
     target on a CPU that multiplies bf16 natively (AVX-512 BF16 or AMX), where a draft step is
@@ -140,6 +153,7 @@ def in_dtype(module: nn.Linear, dtype: torch.dtype) -> nn.Linear:
     copy = nn.Linear(1, 1, bias=False, device="meta")
     copy.in_features, copy.out_features = module.in_features, module.out_features
     copy.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+    copy.weight._speclens_copy = True  # the drafter's own copy, not the target's module
     copy.bias = None if module.bias is None else nn.Parameter(module.bias.detach().to(dtype), requires_grad=False)
     return copy
 
@@ -160,6 +174,7 @@ class DrafterBase(nn.Module):
         self.triton = True  # attention through demo.kernels.attend's kernels where they run; the target's choice once shared
         self.cache: KVCache | None = None
         self.cos = self.sin = None
+        self.int8_head = False  # use_int8_head: its own head multiplies in int8 on a CPU
 
     @property
     def dtype(self) -> torch.dtype:
@@ -180,6 +195,29 @@ class DrafterBase(nn.Module):
 
     def _borrow_head(self, head: nn.Linear) -> None:
         object.__setattr__(self, "lm_head", in_dtype(head, self.dtype))
+        self._mark_head()
+
+    def own_head(self) -> nn.Linear | None:
+        """The head if its weights are the drafter's own (its lm_head, a shared-head EAGLE-3's hot
+        rows, a copy in another dtype), None where it is the target's module itself."""
+        head = self.lm_head
+        if not isinstance(head, nn.Linear):
+            return None
+        registered = any(m is head for m in self.modules())
+        return head if registered or getattr(head.weight, "_speclens_copy", False) else None
+
+    def use_int8_head(self, on: bool = True) -> None:
+        """Multiply the drafter's own head through an int8 copy on a CPU (demo.layers: a scale per
+        output row, the normed input quantized per call): the head is most of a draft step's bytes
+        there, and drafts never change the output. The layer before it stays in fp32: its inputs
+        (the target's features) carry outliers that one activation scale a call cannot keep."""
+        self.int8_head = on
+        self._mark_head()
+
+    def _mark_head(self) -> None:
+        head = self.own_head()
+        if head is not None:  # a small head is no draft step's cost: it stays as it is
+            use_int8_weights([head], self.int8_head and head.weight.numel() * 4 >= INT8_HEAD_MIN_BYTES)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings in the drafter's dtype (the target's table may be in another)."""

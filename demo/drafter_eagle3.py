@@ -80,7 +80,9 @@ class Eagle3Drafter(DrafterBase):
         full = self._full_lm_head.weight.detach()  # [V, H]
         head = nn.Linear(full.shape[1], len(self.hot_ids), bias=False, device=full.device, dtype=self.dtype)
         head.requires_grad_(False).weight.copy_(full[self.hot_ids])  # [N, H]
+        head.weight._speclens_copy = True  # the drafter's own rows (own_linears)
         object.__setattr__(self, "lm_head", head)  # not registered: never saved, like the target's
+        self._mark_head()
         self.d2t = self.hot_ids - torch.arange(len(self.hot_ids), device=self.hot_ids.device)  # [N] offsets
         self.t2d = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=self.hot_ids.device)  # [V]
         self.t2d[self.hot_ids] = True  # the same d2t/t2d contract as a draft vocabulary of its own

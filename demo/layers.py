@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +125,10 @@ class StackedLinear:
         w = self.weight
         if w.dtype == torch.float32 and w.device.type == "cpu" and ONEDNN and not torch.compiler.is_compiling():
             kind, copy = self._prepacked()
-            if kind == "onednn":
+            if kind == "int8":
+                y = torch.ops.quantized.linear_dynamic(x, copy, True)
+                y = y if self.bias is None else y + self.bias
+            elif kind == "onednn":
                 y = torch.ops.mkldnn._linear_pointwise(x, copy, self.bias, "none", [], "")
             else:
                 y = torch.matmul(x, copy)
@@ -138,11 +142,14 @@ class StackedLinear:
         serving any count) for a wide output, else ("transposed", [in, out] contiguous, which MKL
         multiplies fastest there)."""
         # in-place updates bump the version; a weight made under torch.inference_mode keeps none
-        source = (self.weight.data_ptr(), 0 if self.weight.is_inference() else self.weight._version)
+        int8 = all(getattr(m, INT8_WEIGHTS, False) for m in self.linears)
+        source = (self.weight.data_ptr(), 0 if self.weight.is_inference() else self.weight._version, int8)
         if self._packed_from != source:
             w = self.weight.detach()
             with torch.no_grad():
-                if several_row_layout(w) == "onednn":
+                if int8:
+                    self._packed = ("int8", int8_packed(w))
+                elif several_row_layout(w) == "onednn":
                     self._packed = ("onednn", torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS))
                 else:
                     self._packed = ("transposed", w.t().contiguous())
@@ -151,6 +158,9 @@ class StackedLinear:
 
 
 PREPACK_ROWS = 4  # the row count a CPU weight is prepacked for (a chain of 3's verification)
+# A Linear carrying this attribute (True) multiplies through an int8 copy of its weight on a CPU
+# (use_int8_weights): for a drafter's own weights only, whose drafts never change the output
+INT8_WEIGHTS = "_speclens_int8_weights"
 TRANSPOSED_MAX_RATIO = 2  # out / in up to which a CPU weight's copy may be transposed rather than prepacked
 ONEDNN_MARGIN = 0.8  # a narrow weight is prepacked only where oneDNN takes under this share of the transposed time
 ONEDNN = torch.backends.mkldnn.is_available()
@@ -174,6 +184,30 @@ def several_row_layout(w: torch.Tensor) -> str:
         plain = _seconds(lambda: torch.matmul(x, transposed))
         _LAYOUTS[key] = "onednn" if onednn < ONEDNN_MARGIN * plain else "transposed"
     return _LAYOUTS[key]
+
+
+def use_int8_weights(linears, on: bool = True) -> None:
+    """Have these Linears multiply through int8 copies of their weights on a CPU (per output row
+    scaled, the activations quantized per call: fbgemm's dynamic linear), or again in fp32."""
+    for m in linears:
+        setattr(m, INT8_WEIGHTS, on)
+
+
+def int8_packed(w: torch.Tensor):
+    """A [out, in] fp32 weight as fbgemm's packed int8 weight, one scale per output row."""
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()
+    with warnings.catch_warnings():  # PyTorch marks its quantized tensors deprecated; int8_available() checks they exist
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.int64), 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, None)
+
+
+def int8_available() -> bool:
+    """Whether this PyTorch multiplies int8 weights on a CPU (fbgemm's dynamic linear)."""
+    engines = set(torch.backends.quantized.supported_engines)
+    ops = torch.ops.quantized
+    return bool({"x86", "fbgemm"} & engines) and hasattr(ops, "linear_dynamic") and hasattr(ops, "linear_prepack") \
+        and hasattr(torch, "quantize_per_channel")
 
 
 def _seconds(fn, repeats: int = 20) -> float:

@@ -67,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--max-context", type=int, default=2048, help="engine context (prompt + new tokens + k + 1)")
     e.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default="auto",
                    help="what the drafter computes in: auto is bf16 beside an fp32 target on a CPU that multiplies "
-                        "bf16 natively, else the target's (demo.drafter_common.drafter_dtype)")
+                        "bf16 natively, else the target's, its own head through an int8 copy on a CPU in fp32 "
+                        "(demo.drafter_common.drafter_dtype, drafter_int8); int8-head: fp32 with that head")
     g = p.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)

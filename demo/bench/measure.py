@@ -45,7 +45,8 @@ def build_engine(config: BenchConfig):
         for warning in drafter.cfg.warnings:
             print(f"warning: {warning}", file=sys.stderr)
     engine = Engine(target, drafter, mode=config.mode, compile=config.compile, max_context=config.max_context,
-                    drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target))
+                    drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target),
+                    drafter_int8=chosen_drafter_int8(config.drafter_dtype, target))
     return engine, tokenizer
 
 
@@ -57,7 +58,16 @@ def chosen_drafter_dtype(choice: str, target):
 
     if choice == "auto":
         return drafter_dtype(target.dtype, target.device)
+    if choice == "int8-head":
+        return torch.float32
     return target.dtype if choice == "target" else getattr(torch, choice)
+
+
+def chosen_drafter_int8(choice: str, target) -> bool:
+    """--drafter-dtype: whether the drafter's own head multiplies in int8 (a CPU only)."""
+    from demo.drafter_common import drafter_int8
+
+    return choice == "int8-head" or (choice == "auto" and drafter_int8(target.dtype, target.device))
 
 
 def load_questions(config: BenchConfig) -> list[dict]:
@@ -208,7 +218,8 @@ def describe_config(config: BenchConfig, engine) -> dict:
             "k": config.k, "shape": asdict(config.shape),
             "draft_sampling": config.draft_sampling, "mode": config.mode, "compile": config.compile or False,
             "kernels": config.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
-            "drafter_dtype": dtype_label(engine.drafter_dtype) if engine.drafter is not None else None,
+            "drafter_dtype": (dtype_label(engine.drafter_dtype) + (", head int8" if engine.drafter_int8 else "")
+                              if engine.drafter is not None else None),
             "max_context": engine.max_context, "temperature": config.temperature, "top_p": config.top_p,
             "seed": config.seed, "max_new_tokens": config.max_new_tokens,
             "prompts": config.prompts or (None if config.prompt is not None else str(DEFAULT_PROMPTS)),

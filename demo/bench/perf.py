@@ -219,12 +219,13 @@ def _sync(device) -> None:
 def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[dict], flags: list[str]) -> PerfRow:
     """One bench run (demo/bench/measure.py) on an engine over the loaded target; `flags`: the bench's."""
     from demo.bench.cli import parse_args
-    from demo.bench.measure import chosen_drafter_dtype, measure
+    from demo.bench.measure import chosen_drafter_dtype, chosen_drafter_int8, measure
     from demo.engine import Engine
 
     config = parse_args(flags)
     engine = Engine(target, drafters.get(config.method), mode=config.mode, compile=config.compile,
-                    max_context=config.max_context, drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target))
+                    max_context=config.max_context, drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target),
+                    drafter_int8=chosen_drafter_int8(config.drafter_dtype, target))
     s = measure(engine, tokenizer, questions, config)["totals"]["summary"]
     return PerfRow(name, s["tokens_per_s"], s["mean_acceptance_length"], s["mean_draft_ms"], s["mean_verify_ms"],
                    "target" if config.method == "none" else "speclens")

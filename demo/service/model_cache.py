@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from demo.drafter_common import DrafterConfig, drafter_dtype
+from demo.drafter_common import DrafterConfig, drafter_dtype, drafter_int8
 from demo.drafters import DRAFTER_CLASSES
 from demo.engine import Engine
 from demo.methods import DRAFT_METHODS, METHOD_LABELS, dtype_label
@@ -134,7 +134,8 @@ class Models:
         if key not in self._engines:
             drafter = None if method == "none" else self.drafters[method]
             self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context,
-                                        drafter_dtype=drafter_dtype(self.target.dtype, self.target.device))
+                                        drafter_dtype=drafter_dtype(self.target.dtype, self.target.device),
+                                        drafter_int8=drafter_int8(self.target.dtype, self.target.device))
         return self._engines[key]
 
     def describe(self) -> dict:

@@ -1,0 +1,79 @@
+"""A drafter's head through an int8 copy on a CPU (what a CPU without native bf16 runs:
+demo.drafter_common.drafter_int8): the output stays the target's token for token, the drafts stay
+the fp32 head's nearly everywhere, and the target's own weights are never quantized."""
+
+import pytest
+import torch
+from torch import nn
+
+from demo import drafter_common
+from demo.config import TreeShape
+from demo.drafter_common import drafter_int8
+from demo.engine import Engine
+from demo.layers import INT8_WEIGHTS, linear, stacked, use_int8_weights
+from demo.target import Target
+from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
+
+PROMPT = [1, 17, 99, 4, 250, 31, 8]
+
+
+def test_an_int8_copy_multiplies_within_its_quantization_error_and_unmarked_is_fp32_again():
+    torch.manual_seed(0)
+    m = nn.Linear(64, 512, bias=False)
+    x = torch.randn(3, 64)
+    exact = x @ m.weight.t()
+    use_int8_weights([m])
+    with torch.no_grad():
+        y = linear(m, x)
+    assert stacked(m)._packed[0] == "int8"
+    assert not torch.equal(y, exact) and (y - exact).abs().max() < 0.03 * exact.abs().max()
+    use_int8_weights([m], False)
+    with torch.no_grad():
+        assert stacked(m)._prepacked()[0] != "int8" and torch.allclose(linear(m, x), exact, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 8)], ids=["chain", "tree"])
+def test_an_int8_head_changes_no_token_and_drafts_as_in_fp32(tree, monkeypatch):
+    monkeypatch.setattr(drafter_common, "INT8_HEAD_MIN_BYTES", 0)  # the tiny head counts as a large one
+    hf = tiny_hf("llama")
+    ref = hf_greedy(hf, PROMPT, 40)
+    target = Target(hf)
+    drafts = {}
+    for int8 in (False, True):
+        drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)  # its own head
+        engine = Engine(target, drafter, max_context=128, drafter_int8=int8)
+        tokens, events = run(engine, PROMPT, max_new_tokens=40, num_spec_tokens=3, tree=tree, stop_token_ids=())
+        assert tokens == ref
+        assert getattr(drafter.lm_head, INT8_WEIGHTS, False) is int8
+        assert not any(getattr(m, INT8_WEIGHTS, False) for m in drafter.midlayer.modules())  # the layer stays fp32
+        drafts[int8] = [t for e in events for t in e.draft_ids]
+    same = sum(a == b for a, b in zip(drafts[False], drafts[True]))
+    assert same >= 0.8 * len(drafts[False]) > 0
+
+
+def test_the_targets_head_a_drafter_borrows_is_never_quantized_but_its_hot_rows_are(monkeypatch):
+    monkeypatch.setattr(drafter_common, "INT8_HEAD_MIN_BYTES", 0)
+    target = Target(tiny_hf("llama"))
+    eagle = tiny_drafter("eagle", target)  # EAGLE-1 drafts through the target's lm_head itself
+    Engine(target, eagle, max_context=64, drafter_int8=True)
+    assert eagle.lm_head is target.lm_head and not getattr(target.lm_head, INT8_WEIGHTS, False)
+    shared = tiny_drafter("eagle3", target, own_lm_head=False)
+    shared.share_target(target)
+    shared.limit_vocab(torch.tensor([3, 9, 40, 41, 200]))  # its hot rows: a copy of its own
+    Engine(target, shared, max_context=64, drafter_int8=True)
+    assert getattr(shared.lm_head, INT8_WEIGHTS, False) and not getattr(target.lm_head, INT8_WEIGHTS, False)
+
+
+def test_a_small_head_stays_in_fp32_and_a_gpu_engine_never_quantizes():
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
+    assert Engine(target, drafter, max_context=64, drafter_int8=True).drafter_int8
+    assert not getattr(drafter.lm_head, INT8_WEIGHTS, False)  # a few KB: no draft step's cost
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_int8_head_is_chosen_only_on_a_cpu_whose_drafter_computes_in_fp32(native, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert drafter_int8(torch.float32, "cpu") is (not native)  # native bf16: the bf16 drafter instead
+    assert not drafter_int8(torch.bfloat16, "cpu") and not drafter_int8(torch.float32, "cuda")
