@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from demo.kv_cache import KVCache
-from demo.layers import (causal_slot_mask, int8_available, linear, rms_norm, rope_inv_freq, rope_tables, stacked,
-                         use_int8_weights)
+from demo.layers import (INT8_WEIGHTS, causal_slot_mask, int8_available, linear, rms_norm, rope_inv_freq,
+                         rope_tables, stacked, use_int8_weights)
 
 
 @dataclass
@@ -213,6 +213,12 @@ class DrafterBase(nn.Module):
         (the target's features) carry outliers that one activation scale a call cannot keep."""
         self.int8_head = on
         self._mark_head()
+
+    @property
+    def head_in_int8(self) -> bool:
+        """Whether drafting reads the head through its int8 copy now (use_int8_head, a head large enough)."""
+        head = self.own_head()
+        return head is not None and getattr(head, INT8_WEIGHTS, False)
 
     def _mark_head(self) -> None:
         head = self.own_head()

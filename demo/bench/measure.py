@@ -218,7 +218,7 @@ def describe_config(config: BenchConfig, engine) -> dict:
             "k": config.k, "shape": asdict(config.shape),
             "draft_sampling": config.draft_sampling, "mode": config.mode, "compile": config.compile or False,
             "kernels": config.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
-            "drafter_dtype": (dtype_label(engine.drafter_dtype) + (", head int8" if engine.drafter_int8 else "")
+            "drafter_dtype": (dtype_label(engine.drafter_dtype) + (", head int8" if engine.drafter.head_in_int8 else "")
                               if engine.drafter is not None else None),
             "max_context": engine.max_context, "temperature": config.temperature, "top_p": config.top_p,
             "seed": config.seed, "max_new_tokens": config.max_new_tokens,

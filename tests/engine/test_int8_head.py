@@ -44,7 +44,7 @@ def test_an_int8_head_changes_no_token_and_drafts_as_in_fp32(tree, monkeypatch):
         engine = Engine(target, drafter, max_context=128, drafter_int8=int8)
         tokens, events = run(engine, PROMPT, max_new_tokens=40, num_spec_tokens=3, tree=tree, stop_token_ids=())
         assert tokens == ref
-        assert getattr(drafter.lm_head, INT8_WEIGHTS, False) is int8
+        assert getattr(drafter.lm_head, INT8_WEIGHTS, False) is int8 and drafter.head_in_int8 is int8
         assert not any(getattr(m, INT8_WEIGHTS, False) for m in drafter.midlayer.modules())  # the layer stays fp32
         drafts[int8] = [t for e in events for t in e.draft_ids]
     same = sum(a == b for a, b in zip(drafts[False], drafts[True]))
@@ -68,7 +68,7 @@ def test_a_small_head_stays_in_fp32_and_a_gpu_engine_never_quantizes():
     target = Target(tiny_hf("llama"))
     drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
     assert Engine(target, drafter, max_context=64, drafter_int8=True).drafter_int8
-    assert not getattr(drafter.lm_head, INT8_WEIGHTS, False)  # a few KB: no draft step's cost
+    assert not getattr(drafter.lm_head, INT8_WEIGHTS, False) and not drafter.head_in_int8  # a few KB: no step's cost
 
 
 @pytest.mark.parametrize("native", [True, False])
