@@ -301,7 +301,8 @@ class Engine:
             return
         drafter.to(device=self.target.device, dtype=self.drafter_dtype).eval().requires_grad_(False)
         drafter.share_target(self.target)  # after the move: a head borrowed in another dtype is copied
-        drafter.use_int8_head(self.drafter_int8)
+        if hasattr(drafter, "use_int8_head"):  # a drafter without a head of its own (an oracle) has none to quantize
+            drafter.use_int8_head(self.drafter_int8)
         # the context, then scratch slots for the rows of a tree's frontier nodes (demo/tree.py)
         drafter.setup_cache(self.max_context + TREE_SCRATCH)
 
