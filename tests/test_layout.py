@@ -230,7 +230,7 @@ def test_no_product_module_rebinds_a_process_wide_switch():
     assert not flips, flips
 
 
-MAX_DOC_BYTES = 25 * 1024  # the README and each reference doc: the present, not a ledger (docs/runs/ keeps those)
+MAX_DOC_BYTES = 25_000  # the README and each reference doc: the present, not a ledger (docs/runs/ keeps those)
 
 
 def test_the_readme_and_the_reference_docs_stay_within_25_kb():
