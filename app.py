@@ -78,6 +78,10 @@ def main(argv=None) -> None:
     from demo.views import build_demo
 
     hosting = Hosting.choose(args.public)
+    if hosting.public:  # what a request carries reaches the log only in bounded lines
+        from demo.service.server_log import bound_log
+
+        bound_log()
     demo = build_demo(session, hosting, defaults=settings)
     demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
     print(f"[speclens] ready after {time.perf_counter() - start:.1f} s on {session.describe()['device']}, "

@@ -124,6 +124,9 @@ class GenerationConfig:
     seed: int = 0
     stop_token_ids: tuple[int, ...] | None = None  # None: the target's eos ids
     target_only_width: int = 1  # k = 0: rows of each forward, the first real (see target_only_width())
+    # seconds of wall time after which the generation ends at the step that passes them, as
+    # transformers' max_time (finish_reason "time"); None: no limit. A public app bounds a request with it.
+    max_time_s: float | None = None
 
     @property
     def sampling(self) -> SamplingParams:

@@ -71,7 +71,7 @@ class StepEvent:
     verify_ms: float  # prefill time at step 0
     stats: AcceptanceStats  # running totals after this step (a snapshot)
     finished: bool = False
-    finish_reason: str | None = None  # "stop" (a stop token) or "length"
+    finish_reason: str | None = None  # "stop" (a stop token), "length" or "time" (gen.max_time_s)
     tree: DraftTree | None = None  # the step's drafts as a tree (a chain is a path), with q, p and the accepted path
     # what a step inspector shows: per emitted token, the target's TOP_SHOWN best (token, p) at its
     # position; per chain draft position, the drafter's (token, q) (trees: the tree's siblings are its candidates)
@@ -672,7 +672,9 @@ class Engine:
             generator.manual_seed(gen.seed)
         stats = AcceptanceStats(num_spec_tokens=k)
         timer = _StepTimer(self.device)
-        clock = time.perf_counter()
+        clock = began = time.perf_counter()
+        out_of_time = (lambda: False) if gen.max_time_s is None else (  # noqa: E731
+            lambda: time.perf_counter() - began >= gen.max_time_s)
 
         # prefill: target over the prompt, first token, drafter over the prompt
         timer.start()
@@ -681,7 +683,8 @@ class Engine:
         (prefill_ms,) = timer.read()
         stats.observe_prefill(prefill_ms)
         done = first in stop or gen.max_new_tokens == 1
-        reason = ("stop" if first in stop else "length") if done else None
+        reason = ("stop" if first in stop else "length") if done else ("time" if out_of_time() else None)
+        done = reason is not None
         stats.elapsed_s += time.perf_counter() - clock
         yield StepEvent(0, [], 0, [first], [first_prob], False, 0.0, prefill_ms, stats.snapshot(), done, reason,
                         target_top=[first_top])
@@ -726,6 +729,8 @@ class Engine:
                 draft_ms, verify_ms = timer.read()
             n, tokens, probs, tree, target_top, draft_top = unpack_result(packed, k, shape.nodes)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
+            if reason is None and out_of_time():
+                reason = "time"
             kept = min(n, len(emitted))  # accepted drafts the reply keeps: none past its end
             if k:
                 stats.observe_draft(k, kept)

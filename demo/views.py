@@ -15,7 +15,8 @@ from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
 from demo.service.session import Session
 from demo.service.settings import AppSettings
-from demo.ui import api, bench_tab, chat_stream, inspect_panel, models_panel, playback, settings_panel, trace_download
+from demo.ui import (api, bench_tab, chat_stream, inspect_panel, models_panel, playback, sessions, settings_panel,
+                     trace_download)
 from demo.ui.controls import Controls
 from demo.ui.events import PRIVATE
 from demo.ui.layout import build_layout
@@ -46,4 +47,6 @@ def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache
         register_listeners(controls, cache, hosting)
         api.register(cache, hosting)
         demo.load(None, js=settings_panel.CLOSE_SETTINGS_ON_PHONES_JS, **PRIVATE)
+        if hosting.public:
+            sessions.forget_on_leave(demo)
     return demo

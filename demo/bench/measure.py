@@ -109,8 +109,9 @@ def decode(engine, prompt_ids: list[int], gen):
     return tokens, stats
 
 
-def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig) -> float:
-    """Uncounted generations of the first prompt (spec and, if checked, target-only); returns seconds."""
+def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig, bounded=lambda gen: gen) -> float:
+    """Uncounted generations of the first prompt (spec and, if checked, target-only); returns seconds.
+    `bounded`: what a generation's settings become (a deadline's max_time_s)."""
     if not config.warmup:
         return 0.0
     from demo.models.prompts import chat_ids
@@ -119,9 +120,9 @@ def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig) -> fl
     budget = min(config.max_new_tokens, WARMUP_MAX_NEW_TOKENS)
     start = time.perf_counter()
     for _ in range(config.warmup):
-        decode(engine, ids, config.generation(max_new_tokens=budget))
+        decode(engine, ids, bounded(config.generation(max_new_tokens=budget)))
         if config.check_lossless and config.method != "none":
-            decode(engine, ids, reference_config(config, engine, max_new_tokens=budget))
+            decode(engine, ids, bounded(reference_config(config, engine, max_new_tokens=budget)))
     return time.perf_counter() - start
 
 
@@ -148,15 +149,21 @@ def measure(engine, tokenizer, questions: list[dict], config: BenchConfig,
             on_prompt(done)
 
 
-def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig) -> Generator[int, None, dict]:
+def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
+              deadline: float | None = None) -> Generator[int, None, dict]:
     """Warm up `engine`, then decode every question with the settings of `config` (checked),
     yielding the number of questions done after each; returns the report (records and
     totals), JSON-ready. The CLI's run, and the app's benchmark tab on the engines it already
-    holds (it stops between questions when the visitor does), both measure through here."""
+    holds (it stops between questions when the visitor does), both measure through here.
+    `deadline` (time.monotonic()): the decodes end there (GenerationConfig.max_time_s), the last one
+    cut short, and the report counts the questions decoded by then (totals["cut_short"])."""
     from demo.metrics import AcceptanceStats
     from demo.models.prompts import chat_ids
 
-    warmup_s = warm_up(engine, tokenizer, questions, config)
+    def bounded(gen):
+        return gen if deadline is None else replace(gen, max_time_s=max(deadline - time.monotonic(), 0.0))
+
+    warmup_s = warm_up(engine, tokenizer, questions, config, bounded)
     k = config.k
     totals = AcceptanceStats(num_spec_tokens=k)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
@@ -166,7 +173,9 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig) -> 
         for turn, text in enumerate(q["turns"] if config.all_turns else q["turns"][:1], 1):
             messages.append({"role": "user", "content": text})
             ids = chat_ids(tokenizer, messages)
-            tokens, stats = decode(engine, ids, config.generation())
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            tokens, stats = decode(engine, ids, bounded(config.generation()))
             totals.merge(stats)
             answer = tokenizer.decode(tokens, skip_special_tokens=True)
             record = {"question_id": q.get("question_id"), "category": q.get("category"), "turn": turn,
@@ -174,7 +183,7 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig) -> 
                       "stats": stats.summary()}
             if config.check_lossless:
                 if k:
-                    reference, ref_stats = decode(engine, ids, reference_config(config, engine))
+                    reference, ref_stats = decode(engine, ids, bounded(reference_config(config, engine)))
                 else:  # --method none: the decode above is already target-only
                     reference, ref_stats = tokens, stats
                 baseline.merge(ref_stats)
@@ -184,11 +193,13 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig) -> 
             records.append(record)
             messages.append({"role": "assistant", "content": answer})
         yield done
+        if deadline is not None and time.monotonic() >= deadline:
+            break
     report = {"records": records,
               "totals": {"config": describe_config(config, engine), "num_prompts": len(records),
                          "categories": category_rows(records),
                          "summary": totals.summary(), "counts": asdict(totals), "warmup_s": warmup_s,
-                         "capture_s": engine.capture_s}}
+                         "capture_s": engine.capture_s, "cut_short": deadline is not None and time.monotonic() >= deadline}}
     if config.check_lossless:
         report["totals"]["lossless"] = lossless_totals(records)
         report["totals"]["lossless"]["target_only_width"] = reference_config(config, engine).target_only_width if k else 1

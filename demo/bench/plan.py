@@ -9,6 +9,7 @@ Every configuration decodes greedily (T = 0) and drafts a chain of k (draft tree
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
@@ -145,21 +146,28 @@ class BenchProgress:
     what: str
     reports: list[dict]
     finished: bool = False  # the last value: every configuration measured
+    cut_short: bool = False  # the run's time limit ended it: what it holds was measured by then
 
     @property
     def fraction(self) -> float:
         return self.done / self.total if self.total else 1.0
 
 
-def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: str) -> Iterator[BenchProgress]:
+def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: str,
+             time_limit_s: float | None = None) -> Iterator[BenchProgress]:
     """Measure every configuration of `plan` on `questions` (already picked and checked) with the
     session's engines, yielding after each prompt; the last value holds every report. Stopping the
-    iteration stops the run between two prompts."""
+    iteration stops the run between two prompts. With `time_limit_s` the run ends once that many
+    seconds have passed: the last value holds the reports measured by then (cut_short)."""
     configs, reports = plan.configs(), []
     total = len(configs) * len(questions)
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     for i, config in enumerate(configs):
+        if deadline is not None and time.monotonic() >= deadline:
+            yield BenchProgress(total, total, "out of time", reports, finished=True, cut_short=True)
+            return
         engine = session.engine(config.method, config.mode)
-        steps = measuring(engine, session.tokenizer, questions, measured_config(session, config, source))
+        steps = measuring(engine, session.tokenizer, questions, measured_config(session, config, source), deadline)
         while True:
             try:
                 done = next(steps)
@@ -168,7 +176,8 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
                 break
             yield BenchProgress(i * len(questions) + done, total,
                                 f"{config.label}: prompt {done} of {len(questions)}", list(reports))
-    yield BenchProgress(total, total, "done", reports, finished=True)
+    yield BenchProgress(total, total, "done", reports, finished=True,
+                        cut_short=any(r["totals"]["cut_short"] for r in reports))
 
 
 # ---------------------------------------------------------------------- what a run shows

@@ -54,7 +54,7 @@ def questions_from_upload(data: bytes, name: str) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python's stack
             raise PromptFileError(f"{name}, line {n}: not JSON ({getattr(e, 'msg', e)}); expected one question "
                                   'object per line, e.g. {"category": "math", "turns": ["..."]}.') from None
         turns = row.get("turns") if isinstance(row, dict) else None

@@ -235,6 +235,11 @@ class ChatState:
         self.playback += 1
         return self.playback
 
+    @property
+    def replying(self) -> bool:
+        """A reply (or its comparison) of this conversation is running."""
+        return self.comparing or any(t.state == "streaming" for t in self.turns)
+
     def mark_stopped(self) -> None:
         """A turn still streaming when Stop was pressed (or a new message came) was stopped, and so
         was a comparison running after it."""

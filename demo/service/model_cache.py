@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -26,6 +27,20 @@ from demo.service.request import RequestError
 from demo.target import Target
 
 RANDOM_INIT = "random-init (untrained)"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shown_source(label: str) -> str:
+    """A model's source as a page, a trace or a visitor reads it: a hub id or a label as it is, a local
+    directory of this checkout relative to it (assets/drafters/...), any other local path by its last
+    part: the server's own paths stay on the server."""
+    path = Path(label)
+    if not path.is_absolute():
+        return label
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
 
 Progress = Callable[[float, str], None]  # (fraction done, what is happening)
 
@@ -140,7 +155,8 @@ class Models:
 
     def describe(self) -> dict:
         return {"model": self.name, "device": str(self.device), "dtype": dtype_label(self.target.dtype),
-                "max_context": self.max_context, "drafters": dict(self.drafter_labels),
+                "max_context": self.max_context,
+                "drafters": {m: shown_source(label) for m, label in self.drafter_labels.items()},
                 "vocab_size": self.target.config.vocab_size,
                 "draft_vocab": {m: d.drafting_vocab for m, d in self.drafters.items() if d is not None}}
 

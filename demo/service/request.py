@@ -9,9 +9,10 @@ without the engine).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, GenerationConfig
+from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
 from demo.methods import APP_MAX_SPEC_TOKENS, num_drafts
 
 # Allowed ranges of the generation settings (inclusive), checked before any engine call.
@@ -45,6 +46,7 @@ class Request:
     mode: str = "eager"
     compare: bool = False  # then run the same prompt target-only for the speedup
     gen: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=128))
+    time_limit_s: float | None = None  # the most the request (reply and comparison) may hold the engine
 
     @classmethod
     def of(cls, prompt: str, *, method: str = "eagle3", mode: str = "eager", compare: bool = False,
@@ -74,9 +76,28 @@ class Request:
 DEFAULT_REQUEST = Request("")
 
 
+def check_values(request: Request) -> None:
+    """The request's numbers and its tree, each a number within its LIMITS (the checks that need no
+    models): run before anything computes with them, so a null, NaN, Infinity, list or string is
+    refused in a sentence rather than failing in arithmetic."""
+    for name, (lo, hi) in LIMITS.items():
+        check_number(name, getattr(request.gen, name), lo, hi)
+    tree = request.gen.tree
+    if tree is None or not request.k:
+        return
+    if not isinstance(tree, TreeShape):
+        raise RequestError(f"tree must be a TreeShape, not {tree!r}.")
+    for name, (lo, hi) in TREE_LIMITS.items():
+        check_number(f"tree {name}", getattr(tree, name), lo, hi)
+    try:
+        request.shape.check()
+    except ValueError as e:
+        raise RequestError(f"{str(e)[0].upper()}{str(e)[1:]}.") from None
+
+
 def check_number(name: str, value, lo, hi) -> None:
-    """A setting must be a number (a whole one where the limits are) within [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    """A setting must be a finite number (a whole one where the limits are) within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RequestError(f"{name} must be a number, not {value!r}.")
     if isinstance(lo, int) and value != int(value):
         raise RequestError(f"{name} must be a whole number, not {value}.")

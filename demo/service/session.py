@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Iterator
+from typing import Generator, Iterator
 
 from demo.config import DraftShape, GenerationConfig, TreeShape, default_draft
 from demo.engine import Engine, StepEvent, target_only_width
@@ -33,15 +33,7 @@ from demo.service.chat import (
     provenance,
 )
 from demo.service.model_cache import RANDOM_INIT, ModelCache, Models
-from demo.service.request import (
-    LIMITS,
-    MAX_CHARS_PER_TOKEN,
-    NO_COMPARISON,
-    TREE_LIMITS,
-    Request,
-    RequestError,
-    check_number,
-)
+from demo.service.request import MAX_CHARS_PER_TOKEN, NO_COMPARISON, Request, RequestError, check_values
 
 # "Compare with target-only" times both runs again with nothing drawn: in COMPARE_ROUNDS rounds where
 # they fit in COMPARE_BUDGET_S (a GPU's replies take milliseconds: a median and a range), else in one
@@ -155,9 +147,8 @@ class Session:
             raise RequestError(f"Unknown mode {request.mode!r}: choose one of {', '.join(MODES)}.")
         if request.mode == "cudagraph" and self.cudagraph_unavailable():
             raise RequestError(self.cudagraph_unavailable() + ": use eager mode.")
-        for name, (lo, hi) in LIMITS.items():
-            check_number(name, getattr(request.gen, name), lo, hi)
-        self._check_shape(request)
+        self._check_sampling(request)
+        check_values(request)
         ids = chat_ids(self.tokenizer, history + [{"role": "user", "content": request.prompt}])
         max_new = int(request.gen.max_new_tokens)
         need = len(ids) + max_new + request.shape.width
@@ -189,22 +180,10 @@ class Session:
             raise RequestError("The prompt is empty: type a message first.")
 
     @staticmethod
-    def _check_shape(request: Request) -> None:
-        """The draft tree and the draft sampling rule, when the request has them."""
-        gen = request.gen
-        if gen.draft_sampling not in DRAFT_SAMPLING:
-            raise RequestError(f"Unknown draft sampling {gen.draft_sampling!r}: choose one of "
+    def _check_sampling(request: Request) -> None:
+        if request.gen.draft_sampling not in DRAFT_SAMPLING:
+            raise RequestError(f"Unknown draft sampling {request.gen.draft_sampling!r}: choose one of "
                                f"{', '.join(DRAFT_SAMPLING)}.")
-        if gen.tree is None or not request.k:
-            return
-        if not isinstance(gen.tree, TreeShape):
-            raise RequestError(f"tree must be a TreeShape, not {gen.tree!r}.")
-        for name, (lo, hi) in TREE_LIMITS.items():
-            check_number(f"tree {name}", getattr(gen.tree, name), lo, hi)
-        try:
-            request.shape.check()
-        except ValueError as e:
-            raise RequestError(f"{str(e)[0].upper()}{str(e)[1:]}.") from None
 
     def add_user_turn(self, chat: ChatState, request: Request) -> ChatState:
         """The fast first half of a chat exchange: check the request, then append the user's turn
@@ -225,6 +204,7 @@ class Session:
         ids = self.check(replace(request, prompt=chat.turns[-1].text), history)
         engine = self.engine(request.method, request.mode)
         gen, k = request.engine_config(), request.k
+        clock = Deadline(request.time_limit_s)
         if request.mode == "cudagraph":  # capture now, visibly, rather than silently inside the first step
             yield Update(chat, f"capturing CUDA graphs for k = {k} (once per draft shape and drafter)…")
             shapes = {request.shape}
@@ -239,15 +219,17 @@ class Session:
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k), settings=request.settings())
         chat.comparison = None
         decoder = IncrementalDecoder(self.tokenizer)
-        for event in engine.generate(ids, gen):
+        for event in engine.generate(ids, clock.bound(gen)):
             if turn.state != "streaming":  # stopped: a step that was in flight is not shown
                 return
             self._absorb(event, decoder, turn, chat.trace)
             yield Update(chat, f"generating: step {event.step}, {len(turn.pieces)} tokens")
         self._finish(decoder, turn)
-        status = self._done_status(chat)
+        status = self._done_status(chat, clock)
         if request.compare and k:
-            yield from self._compare(chat, ids, engine, gen)
+            compared = yield from self._compare(chat, ids, engine, gen, clock)
+            if compared is False:
+                status += f"; no comparison: {clock.ran_out()}"
         elif request.compare:  # target only against target only would compare a run with itself
             status += f"; no comparison: {NO_COMPARISON}"
         yield Update(chat, status, done=True)
@@ -298,35 +280,47 @@ class Session:
         turn.state = "done"
 
     def _record(self, chat: ChatState, engine: Engine, ids: list[int], gen: GenerationConfig, method: str,
-                label: str) -> tuple[Turn, RunTrace] | None:
+                label: str, clock: Deadline) -> tuple[Turn, RunTrace] | None:
         """One whole generation, recorded as the reply is (token by token, its steps and engine times),
-        with nothing drawn between its steps; None when Stop ended the comparison meanwhile."""
+        with nothing drawn between its steps; None when Stop ended the comparison meanwhile, or when the
+        request's time ran out before it ended (a cut run would compare a prefix)."""
         k = gen.num_spec_tokens
         turn = Turn("assistant", "", label=label, state="streaming")
         trace = RunTrace(method, chat.trace.mode, k, AcceptanceStats(k))
         decoder = IncrementalDecoder(self.tokenizer)
-        for event in engine.generate(ids, gen):
+        if clock.expired():
+            return None
+        for event in engine.generate(ids, clock.bound(gen)):
             if not chat.comparing:
                 return None
             self._absorb(event, decoder, turn, trace)
+        if trace.finish_reason == "time":
+            return None
         self._finish(decoder, turn)
         return turn, trace
 
-    def _compare(self, chat: ChatState, ids: list[int], engine: Engine, gen: GenerationConfig) -> Iterator[Update]:
+    def _compare(self, chat: ChatState, ids: list[int], engine: Engine, gen: GenerationConfig,
+                 clock: Deadline) -> Generator[Update, None, bool | None]:
         """The speedup, measured as a learner can trust it: the speculative run and the same prompt
         target-only (same engine, so same mode), each run again with nothing drawn between steps
         (the streamed reply's own speed is slowed by drawing it), three times where that is cheap
         (COMPARE_ROUNDS, COMPARE_BUDGET_S), so the speedup comes with its range; then, at T = 0, the
-        token identity. The last round's two recorded runs are the race's lanes."""
+        token identity. The last round's two recorded runs are the race's lanes. Returns False when the
+        request's time ran out first (the reply stays; no comparison), None when Stop ended it."""
         chat.comparing = True
         yield Update(chat, "comparing: the same prompt target-only, and both runs again without drawing the page…")
         spec_reply = chat.turns[-1]
         rounds, start, wanted = [], time.perf_counter(), 1
         while len(rounds) < wanted:
-            spec = self._record(chat, engine, ids, gen, chat.trace.method, spec_reply.label)
-            base = spec and self._record(chat, engine, ids, replace(gen, num_spec_tokens=0), "none", "target only")
-            if base is None:  # stopped
-                return
+            spec = self._record(chat, engine, ids, gen, chat.trace.method, spec_reply.label, clock)
+            base = spec and self._record(chat, engine, ids, replace(gen, num_spec_tokens=0), "none", "target only",
+                                         clock)
+            if base is None and chat.comparing and clock.expired() and rounds:
+                break  # out of time after a whole round: the rounds measured stand
+            if base is None:  # stopped, or out of time
+                stopped = not chat.comparing
+                chat.comparing = False
+                return None if stopped else False
             rounds.append((spec, base))
             if len(rounds) == 1 and (time.perf_counter() - start) * COMPARE_ROUNDS <= COMPARE_BUDGET_S:
                 wanted = COMPARE_ROUNDS  # cheap: time them twice more, for the median and a range
@@ -342,7 +336,11 @@ class Session:
             if width > 1:  # bf16: the exact reference is target-only run at the verification's width
                 yield Update(chat, f"checking the reply against target-only run {width} rows wide…")
                 exact = replace(gen, num_spec_tokens=0, target_only_width=width)
-                reference = [t for event in engine.generate(ids, exact) for t in event.token_ids]
+                events = list(engine.generate(ids, clock.bound(exact)))
+                if events[-1].finish_reason == "time":
+                    chat.comparing = False
+                    return False
+                reference = [t for event in events for t in event.token_ids]
                 one_row = first_difference(tokens, spec_tokens)
             first = first_difference(reference, spec_tokens)
             identical = first is None
@@ -350,12 +348,36 @@ class Session:
         chat.comparison = Comparison.of(spec_trace, trace, greedy, identical, first, reply, width, one_row, speedups,
                                         spec_turn)
 
-    def _done_status(self, chat: ChatState) -> str:
+    def _done_status(self, chat: ChatState, clock: Deadline) -> str:
         trace = chat.trace
         s = trace.stats
-        reason = {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done")
+        reason = (clock.ran_out() if trace.finish_reason == "time" else
+                  {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done"))
         return (f"done ({reason}): {s.accounting()}; {s.tokens_per_call:.2f} tokens per target call, "
                 f"{s.tokens_per_s:.1f} tokens/s")
+
+
+class Deadline:
+    """The time a request may still hold the engine (Request.time_limit_s), from when it began."""
+
+    def __init__(self, limit_s: float | None):
+        self.limit_s, self.began = limit_s, time.monotonic()
+
+    def left(self) -> float | None:
+        return None if self.limit_s is None else self.limit_s - (time.monotonic() - self.began)
+
+    def expired(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def bound(self, gen: GenerationConfig) -> GenerationConfig:
+        """`gen`, ending once the request's time is up."""
+        left = self.left()
+        return gen if left is None else replace(gen, max_time_s=max(left, 0.0))
+
+    def ran_out(self) -> str:
+        return (f"stopped at this app's time limit ({self.limit_s:g} s of engine time a request); "
+                "ask for fewer new tokens")
 
 
 def reference_width(gen: GenerationConfig, engine: Engine) -> int:

@@ -40,6 +40,7 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
         request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=num_spec_tokens,
                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                              tree=tree, draft_sampling=draft_sampling)
+        request.time_limit_s = hosting.time_limit()
         session = Session(cache.get(cache.default_name))
         try:
             hosting.check_work(request, session.device)

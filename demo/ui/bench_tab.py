@@ -229,13 +229,17 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         progress(0.0, desc="warming up")
         yield {b.status: status_html(f"warming up: {len(plan.configs())} configuration(s) on {len(chosen)} prompts…"),
                b.csv: gr.DownloadButton(value=None, interactive=False)}
-        for step in run_plan(session, plan, chosen, source):
+        for step in run_plan(session, plan, chosen, source, hosting.time_limit()):
             progress(step.fraction, desc=step.what)
             if not step.finished:
                 yield {b.status: status_html(f"measuring {step.what} ({step.done} of {step.total} decodes)")}
         rows, per_category = summary_rows(step.reports), category_table(step.reports)
-        yield {b.status: status_html(f"done: {len(rows)} configuration(s) on {len(chosen)} prompts of {source}",
-                                     "done"),
+        said = f"done: {len(rows)} configuration(s) on {len(chosen)} prompts of {source}"
+        if step.cut_short:
+            said = (f"stopped at this app's time limit ({hosting.time_limit():g} s a run): {len(rows)} of "
+                    f"{len(plan.configs())} configuration(s), each on the prompts it reached; choose fewer prompts, "
+                    "max new tokens or configurations")
+        yield {b.status: status_html(said, "done"),
                b.summary: summary_table(rows), b.categories: category_rows_table(per_category),
                b.chart: bench_figure(rows), b.report: report_text(step.reports),
                b.csv: gr.DownloadButton(value=write_csv(bench_csv(rows, per_category)), interactive=True)}

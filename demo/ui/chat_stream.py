@@ -1,14 +1,16 @@
 """The chat stream: the prompt, Generate, Stop and Clear, and the reply streaming into the page.
 
-Generate (or Shift+Enter) runs ``user`` (check the request, show the user's turn; no engine) then
-``bot`` (the reply, one update per step, then the target-only comparison when asked for). Stop and
-Clear cancel whatever runs and draw the chat as it ended. Both halves of a reply wait for the
-engine's queue, so a second Generate never edits a chat that is still streaming.
+Generate (or Shift+Enter) runs ``user`` (check the request, show the user's turn; no engine, so it
+answers at once however busy the engine is) then ``bot`` (the reply, one update per step, then the
+target-only comparison when asked for), which waits for the engine's queue. While a reply of the
+chat streams, Generate is refused in a sentence (Stop first), so no turn edits a chat still
+streaming. Stop and Clear cancel whatever runs and draw the chat as it ended.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterator
 
 import gradio as gr
@@ -22,7 +24,7 @@ from demo.service.request import Request, RequestError
 from demo.service.session import Session, shown_session, visitor_session
 from demo.ui.assets import read_asset
 from demo.ui.controls import Controls
-from demo.ui.events import ENGINE, FIGURE_INTERVAL_S, PRIVATE, TEXT_INTERVAL_S
+from demo.ui.events import ENGINE, FIGURE_INTERVAL_S, PRIVATE, TEXT_INTERVAL_S, TURNS, TURNS_CONCURRENCY
 from demo.ui.html.guide import render_guide
 from demo.ui.html.headline import render_headline
 from demo.ui.html.inspector import render_inspector
@@ -32,6 +34,7 @@ from demo.ui.replay import PACES
 from demo.ui.update import chat_view, conversation_html, finished_race, streamed
 
 PROMPT_HINT = "Ask something, then press Generate or Shift+Enter (Enter starts a new line)"
+STILL_REPLYING = "A reply is still being generated: press Stop first, or wait for it to end."
 
 
 def build_chat_column(k: int) -> dict:
@@ -66,8 +69,9 @@ def build_chat_column(k: int) -> dict:
 
 
 def checked(c: Controls, hosting: Hosting, session: Session, prompt: str, values: dict) -> Request:
-    """The request of the settings' values, refused (RequestError) past the hosting's limits."""
-    request = c.request(prompt, values)
+    """The request of the settings' values, refused (RequestError) past the hosting's limits, and
+    bounded by its time limit."""
+    request = replace(c.request(prompt, values), time_limit_s=hosting.time_limit())
     hosting.check_work(request, session.device)
     return request
 
@@ -93,7 +97,11 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
     def user(values: dict):
         """Fast first half: check the request and show the user's turn (no engine call)."""
         try:
-            session = visitor_session(cache, values[c.model])
+            if values[c.chat].replying:
+                raise RequestError(STILL_REPLYING)
+            # never loads (this half waits for no engine): a preset evicted since is checked on the
+            # default's models here and loads in the reply, which checks again
+            session = shown_session(cache, values[c.model])
             request = checked(c, hosting, session, values[c.prompt], values)
             values[c.chat].next_playback()  # a replay, race or step shown of the last reply stops
             chat = session.add_user_turn(values[c.chat], request)
@@ -110,6 +118,8 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
         only the status moves: the run goes at full speed and the replay after it (demo/ui/playback.py)
         plays it back."""
         chat = values[c.chat]
+        if not chat.turns or chat.turns[-1].role != "user":
+            return  # an earlier reply, queued when this turn replaced its own, has answered it
         paced = PACES[values[c.pace]] is not None
         last_text = last_figures = 0.0
         try:
@@ -138,7 +148,7 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
                  outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.race, c.status, c.inspector, c.shown_step,
                           c.guide],
-                 **engine)
+                 concurrency_id=TURNS, concurrency_limit=TURNS_CONCURRENCY, show_progress="hidden", **PRIVATE)
     then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.pace, *c.settings},
                 outputs=[c.chat, c.status, c.comparison, c.race, c.stream, *c.view], **engine)
     return [c.generate.click(**first).success(**then), c.prompt.submit(**first).success(**then)]

@@ -54,7 +54,7 @@ def test_trace_json_roundtrips_and_holds_every_step_with_its_drafts_and_tokens(s
     assert record["settings"] == {"method": "eagle", "mode": "eager", "compare": False, "max_new_tokens": 9,
                                   "num_spec_tokens": 3, "tree": None, "draft_sampling": "pointmass",
                                   "temperature": 0.0, "top_p": 1.0, "seed": 7, "stop_token_ids": None,
-                                  "target_only_width": 1}
+                                  "target_only_width": 1, "max_time_s": None}
     assert record["environment"] == ENV and record["messages"] == [{"role": "user", "content": "Say a"}]
     assert record["totals"]["mean_acceptance_length"] == 4.0 and record["finish_reason"] == "length"
 

@@ -8,8 +8,6 @@ No weights, no downloads: "tiny-b" is a preset added for these tests, loaded as 
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,29 +16,16 @@ import httpx
 import pytest
 
 from demo.models.presets import PRESETS, Preset
-from demo.service.hosting import BUSY, CPU_WORK_BUDGET, MAX_FILE_SIZE, QUEUE_MAX_SIZE, Hosting
+from demo.service.hosting import CPU_WORK_BUDGET, MAX_FILE_SIZE, Hosting
+from demo.service.public_gate import BUSY
 from demo.service.model_cache import ModelCache
 from demo.service.request import Request, RequestError
 from demo.service.session import Session
 from demo.views import build_demo
+from tests.service.http_app import PROMPT, chat_turn, client, events, generate, post_generate, serve, ui_event
 from tests.tiny_chat import tiny_session
 
 OTHER = "tiny-b"  # a second preset, available on a CPU
-PROMPT = "Say a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(demo, hosting: Hosting) -> str:
-    """Launch `demo` as app.py does (queue cap, upload bound, per-client limit when public)."""
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
-                            **hosting.launch_options(demo))
-    return url
 
 
 @pytest.fixture(scope="module")
@@ -64,90 +49,18 @@ def public():
     mp.undo()
 
 
-def client(n: int) -> dict:
-    """Headers of client number n (its address, as a local proxy would forward it)."""
-    return {"X-Forwarded-For": f"10.0.0.{n}"}
-
-
-# ---------------------------------------------------------------------- raw HTTP helpers
-def events(http: httpx.Client, url: str, path: str):
-    """The server-sent events of a GET stream, as (event, data) pairs."""
-    with http.stream("GET", url + path, timeout=60) as r:
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event:"):
-                kind = line[6:].strip()
-            elif line.startswith("data:"):
-                yield kind, json.loads(line[5:])
-
-
-def post_generate(http: httpx.Client, url: str, headers: dict, **params) -> httpx.Response:
-    """POST /gradio_api/call/generate with the contract's parameters by name (the rest default)."""
-    order = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed",
-             "tree_topk", "num_draft_tokens", "draft_sampling"]
-    defaults = dict(prompt=PROMPT, method="eagle", mode="eager", num_spec_tokens=3, temperature=0.0, top_p=1.0,
-                    max_new_tokens=8, seed=0, tree_topk=0, num_draft_tokens=0, draft_sampling="pointmass")
-    data = [{**defaults, **params}[name] for name in order]
-    return http.post(url + "gradio_api/call/generate", json={"data": data}, headers=headers, timeout=30)
-
-
-def generate(http: httpx.Client, url: str, headers: dict, **params) -> dict:
-    """A whole /call/generate: the final value, or {"error": message}."""
-    r = post_generate(http, url, headers, **params)
-    assert r.status_code == 200, r.text
-    last = None
-    for kind, data in events(http, url, f"gradio_api/call/generate/{r.json()['event_id']}"):
-        if kind == "error":
-            return {"error": data.get("error") if isinstance(data, dict) else data}
-        if kind == "complete":
-            return data[0]
-        last = data
-    raise AssertionError(f"the stream ended without completing (last: {last})")
-
-
-def ui_event(http: httpx.Client, url: str, demo, name: str, session_hash: str, headers: dict, values: dict) -> dict:
-    """Run the page's event handled by function `name` as the page would (queue/join, then its
-    stream), with the components' initial values overridden by `values` (elem_id -> value).
-    Returns {elem_id: output} of the completed event, or {"error": message}."""
-    fn = next(f for f in demo.fns.values() if f.name == name)
-    data = [values.get(block.elem_id, None if block.stateful else block.value) for block in fn.inputs]
-    r = http.post(url + "gradio_api/queue/join", headers=headers, timeout=30,
-                  json={"data": data, "fn_index": fn._id, "session_hash": session_hash, "event_data": None,
-                        "trigger_id": None})
-    if r.status_code != 200:
-        return {"error": r.json().get("detail"), "status": r.status_code}
-    event_id = r.json()["event_id"]
-    for _, msg in events(http, url, f"gradio_api/queue/data?session_hash={session_hash}"):
-        if msg.get("event_id") == event_id and msg.get("msg") == "process_completed":
-            if not msg["success"]:
-                return {"error": msg["output"].get("error")}
-            return {block.elem_id or block._id: value for block, value in zip(fn.outputs, msg["output"]["data"])}
-    raise AssertionError(f"{name} never completed")
-
-
-def chat_turn(http, url, demo, session_hash: str, headers: dict, prompt: str = PROMPT) -> str:
-    """One exchange of the page (user, then bot): the conversation's HTML."""
-    first = ui_event(http, url, demo, "user", session_hash, headers,
-                     {"sl-prompt": prompt, "sl-max-new": 8, "sl-shape": "chain", "sl-method": "eagle"})
-    assert "error" not in first, first
-    reply = ui_event(http, url, demo, "bot", session_hash, headers, {"sl-max-new": 8, "sl-shape": "chain",
-                                                                      "sl-method": "eagle"})
-    assert "error" not in reply, reply
-    return reply["sl-conversation"]
-
-
 # ---------------------------------------------------------------------- 1. who can change the models
 def test_public_app_registers_no_event_that_loads_a_path_or_a_hub_id():
     session = tiny_session(predictable=True)
     local = {fn.name for fn in build_demo(session, Hosting(public=False)).fns.values()}
     public = {fn.name for fn in build_demo(session, Hosting(public=True)).fns.values()}
     assert "load_custom" in local  # local mode: your own models, as before
-    assert public == local - {"load_custom"}
+    assert public == local - {"load_custom"} | {"forget_session"}  # a public app drops a closed page's session
     assert public == {"user", "bot", "follow", "replay", "race", "step_back", "step_on", "stop", "clear", None, "choose_preset",
                       "setting_checked", "setting_released", "tree_sizes", "method_options", "shape_options",
                       "show_tree", "typed_step", "inspect", "load_example",
                       "trace_download", "no_trace", "run_benchmark", "bench_stopped", "describe_prompts", "plan_work",
-                      "models_changed", "generate"}  # None: Stop and Clear's cancel-only triggers, Settings and the page's load (js)
+                      "models_changed", "generate", "forget_session"}  # None: Stop and Clear's cancel-only triggers, Settings and the page's load (js)
 
 
 def test_public_routes_expose_generate_and_the_pages_own_events_only(public):

@@ -1,5 +1,5 @@
 """The Benchmark tab of a public app on the tiny predictable model (tests/tiny_chat.py), driven as the
-page drives it (Gradio's queue, tests/service/test_hosting.py's helpers): a plan within the work budget is
+page drives it (Gradio's queue, tests/service/http_app.py): a plan within the work budget is
 measured and shown with its CSV, one past it is refused in a sentence, and so is a file that is not
 MT-bench JSONL. No weights, no GPU, no browser."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from demo.service.hosting import BENCH_WORK_BUDGET, Hosting
 from demo.views import build_demo
-from tests.service.test_hosting import client, serve, ui_event
+from tests.service.http_app import client, serve, ui_event
 from tests.tiny_chat import tiny_session
 
 SMALL = {"sl-bench-methods": ["none", "eagle"], "sl-bench-ks": [2], "sl-bench-num-prompts": 2, "sl-bench-max-new": 10}
