@@ -234,6 +234,6 @@ MAX_DOC_BYTES = 25_000  # the README and each reference doc: the present, not a 
 
 
 def test_the_readme_and_the_reference_docs_stay_within_25_kb():
-    docs = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("PERFORMANCE.md", "TRAINING.md", "RESULTS.md"))]
+    docs = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("PERFORMANCE.md", "TRAINING.md", "RESULTS.md", "HOSTING.md"))]
     large = {d.name: d.stat().st_size for d in docs if d.stat().st_size > MAX_DOC_BYTES}
     assert not large, large

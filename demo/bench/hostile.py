@@ -25,6 +25,7 @@ from collections import Counter
 import httpx
 
 HOSTILE, VISITOR = {"X-Forwarded-For": "10.66.0.1"}, {"X-Forwarded-For": "10.77.0.1"}
+LONG_PROMPT = "Write a very long story about a lighthouse keeper, chapter by chapter."  # a reply that runs to its limit
 GENERATE = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed",
             "tree_topk", "num_draft_tokens", "draft_sampling"]
 
@@ -68,7 +69,7 @@ class App:
 
 
 def attack(app: App, kind: int, until: float, got: Counter) -> None:
-    longest = {"sl-prompt": "Write a very long story about a lighthouse keeper.", "sl-method": "none",
+    longest = {"sl-prompt": LONG_PROMPT, "sl-method": "none",
                "sl-max-new": 1900, "sl-shape": "chain"}
     with httpx.Client() as http:
         n = 0
@@ -82,7 +83,7 @@ def attack(app: App, kind: int, until: float, got: Counter) -> None:
                     got[f"bot {app.join(http, 'bot', session, longest, HOSTILE).status_code}"] += 1
                     got[f"replay {app.join(http, 'replay', 'hostile-1', {'sl-pace': '1 step / s'}, HOSTILE).status_code}"] += 1
                 elif kind == 1:  # /generate at its longest, and the largest benchmark
-                    status, _ = app.generate(http, HOSTILE, method="none", max_new_tokens=1900)
+                    status, _ = app.generate(http, HOSTILE, prompt=LONG_PROMPT, method="none", max_new_tokens=1900)
                     got[f"generate {status}"] += 1
                     bench = {"sl-bench-methods": ["none", "eagle3"], "sl-bench-num-prompts": 80, "sl-bench-max-new": 512}
                     got[f"benchmark {app.join(http, 'run_benchmark', f'hostile-b{n}', bench, HOSTILE).status_code}"] += 1
