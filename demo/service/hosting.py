@@ -25,6 +25,7 @@ no connection to lose: it runs to its end, which the gate's CLIENT_GENERATIONS a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from demo.service.public_gate import PublicGate

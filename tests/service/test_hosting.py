@@ -228,3 +228,10 @@ def test_uploads_past_max_file_size_are_refused(public):
         big = http.post(url + "gradio_api/upload", files={"files": ("big.bin", b"\0" * (2 * 2**20))}, timeout=60)
         assert big.status_code == 413
         assert generate(http, url, client(1))["text"] == "a" * 8
+
+
+def test_the_app_is_public_on_a_space_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert not Hosting.choose(None).public and Hosting.choose(True).public
+    monkeypatch.setenv("SPACE_ID", "user/speclens")
+    assert Hosting.choose(None).public and not Hosting.choose(False).public
