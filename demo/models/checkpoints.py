@@ -756,8 +756,9 @@ def save_drafter(drafter, out_dir: str | os.PathLike, max_shard_bytes: int = 9_5
     """Write `drafter` as config.json + safetensors (config_json says which fields each engine
     reads), sharded with ``model.safetensors.index.json`` so that every file stays within
     `max_shard_bytes` (a Hugging Face Space takes files under 10 MB without LFS). Tensors keep their
-    dtype; loading is exact. What one checkpoint cannot give both engines (an EAGLE-1 fc.bias, which
-    SGLang needs and vLLM refuses) is written by ``python -m demo.export_drafter``.
+    dtype; loading is exact. An EAGLE-1 head gets a zero ``fc.bias`` when it has none (zero_fc_bias:
+    SGLang would leave it random, vLLM >= 0.25 drops it); what one checkpoint cannot give every
+    library is written by ``python -m demo.export_drafter``.
 
     target_layers: the target's layer count; aux ids equal to its default (2, L//2, L-3) are then
     saved as the default, which every engine reads alike, and written nowhere.
@@ -768,10 +769,24 @@ def save_drafter(drafter, out_dir: str | os.PathLike, max_shard_bytes: int = 9_5
     out = Path(out_dir)
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.state_dict().items()
                if not k.startswith("_target")}  # borrowed target modules are never saved
+    if cfg.method == "eagle":
+        zero_fc_bias(tensors)
     dtype = next(t.dtype for k, t in tensors.items() if t.is_floating_point())
     write_weights(tensors, out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(config_json(cfg, dtype), indent=2) + "\n")
     return out
+
+
+def zero_fc_bias(state: dict[str, torch.Tensor]) -> bool:
+    """Give an EAGLE-1 state without ``fc.bias`` a zero one, which computes what none does; True
+    when one was added. SGLang's EAGLE-1 fc always has a bias and leaves a missing one at its random
+    initialisation; vLLM >= 0.25 drops an unexpected bias unread (vLLM <= 0.24 refuses it: the
+    vLLM export drops it again)."""
+    if "fc.bias" in state:
+        return False
+    w = state["fc.weight"]  # [H, 2H]
+    state["fc.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)
+    return True
 
 
 def write_weights(tensors: dict[str, torch.Tensor], out_dir: str | os.PathLike,

@@ -5,7 +5,10 @@ convention of the tool that wrote them.
 
 The rules are our own small re-implementations of code read (not copied) at these versions:
 
-- vLLM 0.10.2, 0.11.0, 0.11.1, 0.12.0 (the PyPI wheels): vllm/config/speculative.py (0.10.2:
+- vLLM 0.10.2, 0.11.0, 0.11.1, 0.12.0 (the PyPI wheels), and for EAGLE-1's fc.bias also 0.24.0 and
+  0.25.0: llama_eagle.py LlamaModel.load_weights (<= 0.24.0: `params_dict[name]`, a KeyError for a
+  name it lacks; 0.25.0: AutoWeightsLoader, whose load_weights in models/utils.py appends ".bias" to
+  ignore_unexpected_suffixes, so an unexpected bias is dropped unread); vllm/config/speculative.py (0.10.2:
   vllm/config/__init__.py) SpeculativeConfig.__post_init__ (method detection, EAGLEConfig wrapping);
   vllm/transformers_utils/configs/eagle.py (architecture renaming); vllm/model_executor/models/
   registry.py resolve_model_cls (the first registered name); llama_eagle.py and llama_eagle3.py
@@ -51,6 +54,7 @@ from tests.models.test_checkpoints import own_state, tokens_and_drafts
 from tests.tiny import tiny_drafter, tiny_target
 
 VLLM = ("0.10.2", "0.11.0", "0.11.1", "0.12.0")
+VLLM_FC_BIAS = ("0.12.0", "0.24.0", "0.25.0")  # the last that refuses an EAGLE-1 fc.bias, the first that drops it
 SGLANG = ("0.5.2", "0.5.3", "0.5.23")
 EAGLE3_VERSIONS = [("vllm", v) for v in VLLM[1:]] + [("sglang", v) for v in SGLANG]  # vLLM 0.10.2: see below
 
@@ -82,6 +86,7 @@ class Built:
     loaded: set[str] = field(default_factory=set)  # filled from the checkpoint
     shared: set[str] = field(default_factory=set)  # replaced by the target's after loading
     aux: tuple[int, ...] | None = None  # EAGLE-3: the target layers whose entering streams feed fc
+    dropped: set[str] = field(default_factory=set)  # checkpoint tensors read and thrown away, without a word
 
     @property
     def random(self) -> set[str]:
@@ -174,6 +179,9 @@ def vllm_load(config: dict, weights: dict, version: str, method: str, target: Ta
         mapped = "draft_id_to_target_id" if name == "d2t" else name if "lm_head" in name else "model." + name
         mapped = stacked(mapped.replace("midlayer.", "layers.0."))
         if mapped not in built.params:
+            if mapped.endswith(".bias") and at_least(version, "0.25.0"):
+                built.dropped.add(name)  # AutoWeightsLoader ignores unexpected biases
+                continue
             raise EngineError(f"KeyError: {mapped!r} (load_weights looks every name up)")
         built.loaded.add(mapped)
     # eagle.py load_model: the embedding, then the lm_head
@@ -316,11 +324,27 @@ def test_midlayer_and_speculators_layer_names_map_onto_each_engines_parameters()
 
 
 # ------------------------------------------------------------------------------ the shipped EAGLE-1
-@pytest.mark.parametrize("version", VLLM)
-def test_shipped_eagle_loads_whole_in_vllm_as_it_is(version):
+@pytest.mark.parametrize("version", VLLM_FC_BIAS)
+def test_shipped_eagle_zero_fc_bias_is_refused_by_vllm_up_to_0_24_and_dropped_from_0_25(version):
+    """The shipped EAGLE-1 carries a zero fc.bias for SGLang; vLLM >= 0.25 drops it unread, which
+    computes the same, and vLLM <= 0.24 refuses it at startup; the vLLM export loads whole in both."""
     config, weights = shipped("eagle")
-    built = vllm_load(config, weights, version, vllm_method("smollm2-135m-eagle", "eagle"), SMOLLM2)
-    assert built.cls == "EagleLlamaForCausalLM" and built.random == set()
+    assert "fc.bias" in weights
+    method = vllm_method("smollm2-135m-eagle", "eagle")
+    if at_least(version, "0.25.0"):
+        built = vllm_load(config, weights, version, method, SMOLLM2)
+        assert built.random == set() and built.dropped == {"fc.bias"}
+    else:
+        with pytest.raises(EngineError, match="KeyError: 'model.fc.bias'"):
+            vllm_load(config, weights, version, method, SMOLLM2)
+
+
+@pytest.mark.parametrize("version", VLLM + VLLM_FC_BIAS[1:])
+def test_vllm_export_of_the_shipped_eagle_loads_whole_in_vllm(tmp_path, version):
+    out = tmp_path / "vllm"
+    export_drafter(bundled_drafter_dir("eagle"), out, "vllm")
+    built = vllm_load(*checkpoint(out), version, "eagle", SMOLLM2)
+    assert built.cls == "EagleLlamaForCausalLM" and built.random == set() and built.dropped == set()
     assert {"lm_head.weight", "model.embed_tokens.weight"} <= built.shared
 
 
@@ -332,16 +356,12 @@ def test_vllm_needs_method_eagle_for_the_shipped_eagle_directory():
 
 
 @pytest.mark.parametrize("version", SGLANG)
-def test_shipped_eagle_resolves_to_sglangs_eagle_class_whose_fc_bias_the_export_fills(tmp_path, version):
+def test_shipped_eagle_loads_whole_in_sglang_as_it_is(version):
     config, weights = shipped("eagle")
     built = sglang_load(config, weights, version, "EAGLE", SMOLLM2)
-    assert built.cls == "LlamaForCausalLMEagle"
-    assert built.random == {"model.fc.bias"}  # as shipped: everything else loads
-    out = tmp_path / "sglang"
-    export_drafter(bundled_drafter_dir("eagle"), out, "sglang")
-    assert sglang_load(*checkpoint(out), version, "EAGLE", SMOLLM2).random == set()
-    with pytest.raises(EngineError, match="KeyError: 'model.fc.bias'"):  # one checkpoint cannot serve both
-        vllm_load(*checkpoint(out), "0.12.0", "eagle", SMOLLM2)
+    assert built.cls == "LlamaForCausalLMEagle" and built.random == set()  # fc.bias included
+    without = {k: v for k, v in weights.items() if k != "fc.bias"}  # as shipped before
+    assert sglang_load(config, without, version, "EAGLE", SMOLLM2).random == {"model.fc.bias"}
 
 
 def test_old_eagle_architectures_make_sglang_build_a_plain_llama_that_drops_every_tensor():
@@ -349,7 +369,7 @@ def test_old_eagle_architectures_make_sglang_build_a_plain_llama_that_drops_ever
     old = {**config, "architectures": ["LlamaForCausalLM"]}  # as shipped before
     built = sglang_load(old, weights, "0.5.2", "EAGLE", SMOLLM2)
     assert built.cls == "LlamaForCausalLM" and built.loaded == set()
-    assert vllm_load(old, weights, "0.11.0", "eagle", SMOLLM2).cls == "EagleLlamaForCausalLM"  # vLLM was fine
+    assert vllm_load(old, weights, "0.25.0", "eagle", SMOLLM2).cls == "EagleLlamaForCausalLM"  # vLLM was fine
 
 
 @pytest.mark.parametrize("archs", [["LlamaForCausalLMEagle", "LlamaForCausalLM"], ["LlamaForCausalLMEagle"],
@@ -435,14 +455,15 @@ def test_each_eagle3_export_keeps_only_its_engines_aux_field(tmp_path):
         assert load_drafter(out, target).cfg.to_dict() == load_drafter(src, target).cfg.to_dict()
 
 
-def test_sglang_eagle_export_drafts_exactly_as_the_original(tmp_path):
+def test_eagle_saved_with_a_zero_fc_bias_drafts_exactly_as_the_head_without(tmp_path):
     hf, target = tiny_target("llama")
-    src = save_drafter(tiny_drafter("eagle", target), tmp_path / "src")
-    export_drafter(src, tmp_path / "sglang", "sglang")
-    original, exported = load_drafter(src, target), load_drafter(tmp_path / "sglang", target)
-    assert exported.cfg.fc_bias and not bool(exported.fc.bias.ne(0).any())
-    assert tokens_and_drafts(target, exported) == tokens_and_drafts(target, original)
-    export_drafter(tmp_path / "sglang", tmp_path / "vllm", "vllm")  # and back: the zero bias is dropped
+    original = tiny_drafter("eagle", target)
+    src = save_drafter(original, tmp_path / "src")
+    saved = load_drafter(src, target)
+    assert saved.cfg.fc_bias and not bool(saved.fc.bias.ne(0).any())
+    assert tokens_and_drafts(target, saved) == tokens_and_drafts(target, original)
+    assert export_drafter(src, tmp_path / "sglang", "sglang") == []  # already SGLang's form
+    export_drafter(src, tmp_path / "vllm", "vllm")  # the zero bias is dropped
     assert own_state(load_drafter(tmp_path / "vllm", target)).keys() == own_state(original).keys()
 
 
@@ -462,8 +483,9 @@ def test_exports_an_engine_cannot_run_are_refused(tmp_path):
 
 
 def test_export_command_line_says_what_changed_or_fails_in_one_line(tmp_path, capsys):
-    assert main(["--engine", "sglang", str(bundled_drafter_dir("eagle")), str(tmp_path / "out")]) == 0
-    assert "added fc.bias" in capsys.readouterr().out
+    assert main(["--engine", "vllm", str(bundled_drafter_dir("eagle")), str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert "dropped fc.bias" in said and '"method": "eagle"' in said
     assert main(["--engine", "vllm", str(tmp_path / "missing"), str(tmp_path / "o2")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
