@@ -13,7 +13,8 @@ engines' rules; tests/models/test_exports.py runs each library's own loader wher
   a zero one. vLLM's fc has none: vLLM >= 0.25 drops an unexpected ``.bias`` without a word
   (AutoWeightsLoader.load_weights ignores the suffix ``.bias``), which is harmless only for a zero
   one; vLLM <= 0.24 fails on it (KeyError in ``LlamaModel.load_weights``). ``--engine vllm`` drops a
-  zero ``fc.bias`` and refuses any other.
+  zero ``fc.bias`` and refuses any other. vLLM never reads an EAGLE-3 ``t2d`` (d2t says the same):
+  dropped too.
 - vLLM builds an EAGLE-1 head only when told (``"method": "eagle"`` in ``--speculative-config``) or
   when its path holds "eagle-" (config/speculative.py: anything else is a plain draft model); no
   config.json field says it, so ``--engine vllm`` says so when OUT's path does not.
@@ -29,7 +30,8 @@ engines' rules; tests/models/test_exports.py runs each library's own loader wher
   random without one: it gets one file, the explicit size and the target's head; aux ids and
   ``norm_before_residual`` travel on its command line, which the notes print.
 
-IN is any layout SpecLens reads (a local directory); OUT gets config.json, the weights and IN's
+IN is any layout SpecLens reads (a local directory); OUT gets config.json, the weights (sharded as
+save_drafter shards them for vLLM and SGLang, in one file for SpecForge and speculators) and IN's
 hot_tokens.json if it has one. The target's lm_head is read only where an export needs it.
 """
 
@@ -70,8 +72,8 @@ def export_drafter(src: str | Path, out: str | Path, engine: str, max_shard_byte
     config = config_json(cfg, dtype)
     edit = {"vllm": for_vllm, "sglang": for_sglang, "specforge": for_specforge, "speculators": for_speculators}
     notes = edit[engine](cfg, config, state, target_head, out)
-    if engine == "speculators":
-        max_shard_bytes = SINGLE_FILE
+    if engine in ("specforge", "speculators"):  # training-side copies, never on a Space: the target's head is
+        max_shard_bytes = SINGLE_FILE             # one tensor past any Space-sized shard
     write_weights(state, out, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if (src / HOT_TOKENS_FILE).exists():
@@ -105,6 +107,8 @@ def for_vllm(cfg, config: dict, state: dict[str, torch.Tensor], target_head=None
                          'only when told, or from "eagle-" in its path, and builds a plain draft model otherwise')
     if cfg.method == "eagle3" and config.pop("eagle_config", None) is not None:
         notes.append("aux layer ids only at the top level, as the streams entering layers (vLLM's convention)")
+    if state.pop("t2d", None) is not None:  # llama_eagle3.py load_weights skips it
+        notes.append("dropped t2d (vLLM never reads it; d2t maps the same draft vocabulary)")
     return notes
 
 
