@@ -1,6 +1,7 @@
 """Drafter checkpoints: read every published EAGLE / EAGLE-3 layout, check it against the target
-before use, and save this project's drafters so that vLLM (>= 0.11) and SGLang (>= 0.5.2) load them;
-where one checkpoint cannot serve both, ``python -m demo.export_drafter`` writes each engine's.
+before use, and save this project's drafters so that vLLM and SGLang (>= 0.5.2) load them (EAGLE-3:
+vLLM >= 0.11; EAGLE-1, with the zero fc.bias SGLang needs: vLLM >= 0.25); where one checkpoint
+cannot serve a library, ``python -m demo.export_drafter`` writes its own.
 
 Layouts read (``architectures`` in config.json first, weight names second):
 
@@ -841,8 +842,8 @@ def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, t
 
 
 def config_json(cfg: DrafterConfig, dtype: torch.dtype) -> dict:
-    """config.json for vLLM >= 0.11 and SGLang >= 0.5.2 (tests/models/test_interop.py re-implements how each
-    reads it). EAGLE-1: both architecture names (see SAVED_EAGLE_ARCHITECTURES) and `bias` false,
+    """config.json for vLLM >= 0.11 and SGLang >= 0.5.2 (tests/models/test_interop.py replays how each
+    reads it; tests/models/test_exports.py runs vLLM's own loader). EAGLE-1: both architecture names (see SAVED_EAGLE_ARCHITECTURES) and `bias` false,
     which both engines read as the attention's biases (an fc bias travels as the fc.bias tensor).
     EAGLE-3: `draft_vocab_size` always present, null for a head sharing the target's lm_head (SGLang
     reads the attribute without a default); aux ids only when not the target default, then in both
