@@ -120,6 +120,34 @@ class OracleDrafter(nn.Module):
         return ids
 
 
+class FeatureOracle(OracleDrafter):
+    """An oracle that finds its place by the target's features, as a trained drafter reads them: each
+    row looks its feature up among the target's features along `sequence` (prompt + answer; the
+    nearest by cosine) and drafts the token two past it, and its hidden output is the next
+    position's feature, so a chain drafts on. With fresh features every draft inside `sequence` is
+    right (but every `every`-th place's, when `every` is given); a stale or zero feature drafts from
+    the wrong place (OracleDrafter reads positions only, and cannot tell)."""
+
+    def __init__(self, target: Target, sequence: list[int], every: int = 0):
+        super().__init__(sequence, target.config.vocab_size, target.config.hidden_size)
+        n = len(sequence)
+        target.setup_cache(n)
+        with torch.inference_mode():
+            ids = torch.tensor([sequence])
+            features = target.forward(ids, torch.arange(n).view(1, -1)).hidden[0]  # [n, F]: h[i] predicts x[i+1]
+        self.register_buffer("features", features.clone())
+        self.register_buffer("keys", nn.functional.normalize(features, dim=-1).clone())
+        after_next = sequence[2:] + [0, 0]  # [n]: x[i+2], the draft at h[i]
+        if every:
+            after_next = [(t + 1) % self.vocab_size if i % every == every - 1 else t for i, t in enumerate(after_next)]
+        self.register_buffer("after_next", torch.tensor(after_next))
+
+    def forward(self, tokens, positions, hidden, slots=None, mask=None, logits=True, attend=None):
+        place = (nn.functional.normalize(hidden.float(), dim=-1) @ self.keys.T).argmax(-1)  # [B, q]: nearest h[j]
+        drafts = nn.functional.one_hot(self.after_next[place], self.vocab_size).to(hidden.dtype)
+        return drafts, self.features[(place + 1).clamp(max=len(self.features) - 1)].to(hidden.dtype)
+
+
 def corrupted_oracle(table: list[int], target: Target, every: int = 5, skip: int = 0,
                      runner_up: bool = False) -> OracleDrafter:
     """An OracleDrafter whose every `every`-th proposal (after `skip` positions) is wrong; with
