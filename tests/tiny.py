@@ -128,6 +128,8 @@ class FeatureOracle(OracleDrafter):
     right (but every `every`-th place's, when `every` is given); a stale or zero feature drafts from
     the wrong place (OracleDrafter reads positions only, and cannot tell)."""
 
+    head_in_int8 = False  # no head of its own (a bench report asks)
+
     def __init__(self, target: Target, sequence: list[int], every: int = 0):
         super().__init__(sequence, target.config.vocab_size, target.config.hidden_size)
         n = len(sequence)

@@ -97,6 +97,7 @@ def rebinding_features(accept):
     """The stale-features fault around an acceptance test: the step's catch-up features land in a new
     tensor bound to the name, not in the persistent buffer (what `b.catch_features = features` did)."""
     def faulted(b: StepBuffers, logits, features, params, generator):
-        b.catch_features = torch.empty_like(b.catch_features)  # the fault: rebound, where the engine copies
+        if b.k:  # target-only steps have no features to keep
+            b.catch_features = torch.empty_like(b.catch_features)  # the fault: rebound, where the engine copies
         accept(b, logits, features, params, generator)
     return faulted

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from demo.bench.config import DEVICES, DRAFTER_DTYPES, DTYPES, HOT_TOKENS, BenchConfig, BenchConfigError
+from demo.bench.faults import FAULTS
 from demo.bench.measure import run
 from demo.bench.report import format_report
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
@@ -86,6 +87,13 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--warmup", type=int, default=1, help="uncounted warm-up generations (capture/compile happen here)")
     o.add_argument("--check-lossless", action="store_true",
                    help="also decode target-only and compare tokens (greedy only)")
+    o.add_argument("--check-parity", action="store_true",
+                   help="a captured run (--mode cudagraph or --fault): also decode eagerly and compare acceptance "
+                        "counts, which graph mode must leave equal (greedy only)")
+    o.add_argument("--fault", choices=FAULTS, default=None,
+                   help="the capture lab (demo/bench/capture_lab.py): capture the steps (real CUDA graphs with "
+                        "--mode cudagraph, else a CPU stand-in that replays them) with this capture fault, or "
+                        "'none'; the text stays target-only's, acceptance shows the fault")
     o.add_argument("--json", default=None, metavar="OUT", help="write per-prompt records and totals here")
     return p
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from demo.bench.faults import FAULT_SHORT, FAULTS, capture_label, check_fault
 from demo.config import DraftShape, GenerationConfig, TreeShape
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
 from demo.methods import (
@@ -66,6 +67,10 @@ class BenchConfig:
     all_turns: bool = False
     warmup: int = 1  # uncounted warm-up generations (capture and compilation happen here)
     check_lossless: bool = False  # also decode target-only and compare tokens (T = 0)
+    # the capture lab (demo/bench/faults.py): None, the product's engine; a fault's name (or "none"),
+    # CaptureLab's, its steps captured (mode cudagraph) or replayed by the CPU stand-in (eager)
+    fault: str | None = None
+    check_parity: bool = False  # also decode eagerly and compare acceptance counts (demo/bench/parity.py)
 
     @property
     def k(self) -> int:
@@ -90,7 +95,14 @@ class BenchConfig:
     def label(self) -> str:
         """"EAGLE-3 k=3 · eager": the configuration as a table row names it."""
         drafts = f" k={self.k}" if self.k else ""
+        if self.fault is not None:
+            return f"{METHOD_LABELS[self.method]}{drafts} · {capture_label(self.mode)} · {FAULT_SHORT[self.fault]}"
         return f"{METHOD_LABELS[self.method]}{drafts} · {MODE_LABELS[self.mode]}"
+
+    @property
+    def captures(self) -> bool:
+        """Whether its steps are captured (CUDA graphs, or the capture lab's stand-in)."""
+        return self.mode == "cudagraph" or self.fault is not None
 
     def generation(self, speculate: bool = True, max_new_tokens: int | None = None) -> GenerationConfig:
         """The engine's settings; speculate=False: the same run with the target alone."""
@@ -161,3 +173,18 @@ class BenchConfig:
                 raise BenchConfigError(f"{flag} must be at least {least}, not {value}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise BenchConfigError(f"--num-prompts must be at least 1, not {self.num_prompts}")
+        self._check_capture()
+
+    def _check_capture(self) -> None:
+        if self.fault is not None:
+            if self.fault not in FAULTS:
+                raise BenchConfigError(f"--fault must be one of {', '.join(FAULTS)}, not {self.fault!r}")
+            try:
+                check_fault(self.fault, self.k, self.tree is not None)
+            except ValueError as e:
+                raise BenchConfigError(f"--fault: {e}") from None
+        if self.check_parity and not self.captures:
+            raise BenchConfigError("--check-parity holds a captured run's acceptance counts to eager's: give "
+                                   "--mode cudagraph or --fault")
+        if self.check_parity and self.temperature > 0:
+            raise BenchConfigError("--check-parity compares greedy runs count for count: it needs --temperature 0")

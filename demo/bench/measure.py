@@ -1,7 +1,9 @@
 """Measuring a config: load its engine, warm it up apart (graph capture and compilation are timed
 and not counted, as in gpt-fast), decode every prompt with the engine the app uses, and report
 records and totals as JSON-ready data. With ``check_lossless`` every prompt is also decoded
-target-only through the same engine and the tokens compared.
+target-only through the same engine and the tokens compared; with ``check_parity`` a captured run's
+prompts are also decoded by an eager engine on the same models and the acceptance counts compared
+(demo/bench/parity.py). A ``fault`` runs the capture lab's engine (demo/bench/capture_lab.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Generator
 
 from demo.bench.config import DEFAULT_PROMPTS, WARMUP_MAX_NEW_TOKENS, BenchConfig
+from demo.bench.parity import parity
 from demo.bench.report import category_rows
 from demo.methods import dtype_label
 from demo.service.chat import first_difference
@@ -47,7 +50,20 @@ def build_engine(config: BenchConfig):
     engine = Engine(target, drafter, mode=config.mode, compile=config.compile, max_context=config.max_context,
                     drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target),
                     drafter_int8=chosen_drafter_int8(config.drafter_dtype, target))
+    if config.fault is not None:
+        from demo.bench.capture_lab import CaptureLab
+
+        engine = CaptureLab.around(engine, config.fault)
     return engine, tokenizer
+
+
+def eager_twin(engine):
+    """The product's eager engine on `engine`'s models and settings: what a captured run's counts are
+    held to (on a GPU eager pads and buckets as graph mode does, so both compute the same)."""
+    from demo.engine import Engine
+
+    return Engine(engine.target, engine.drafter, max_context=engine.max_context, drafter_dtype=engine.drafter_dtype,
+                  drafter_int8=engine.drafter_int8)
 
 
 def chosen_drafter_dtype(choice: str, target):
@@ -168,6 +184,8 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
     totals = AcceptanceStats(num_spec_tokens=k)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
     records = []
+    twin = eager_twin(engine) if config.check_parity else None  # --check-parity's eager decodes
+    eager = {"records": [], "totals": {"counts": AcceptanceStats(num_spec_tokens=k)}}
     for done, q in enumerate(questions, 1):
         messages = []
         for turn, text in enumerate(q["turns"] if config.all_turns else q["turns"][:1], 1):
@@ -190,6 +208,10 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
                 diff = first_difference(tokens, reference)
                 record["lossless"] = {"identical": diff is None, "first_difference": diff,
                                       "target_only_tokens": len(reference)}
+            if twin is not None:
+                twin_tokens, twin_stats = decode(twin, ids, bounded(config.generation()))
+                eager["totals"]["counts"].merge(twin_stats)
+                eager["records"].append({**record, "token_ids": twin_tokens, "stats": twin_stats.summary()})
             records.append(record)
             messages.append({"role": "assistant", "content": answer})
         yield done
@@ -204,6 +226,9 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
         report["totals"]["lossless"] = lossless_totals(records)
         report["totals"]["lossless"]["target_only_width"] = reference_config(config, engine).target_only_width if k else 1
         report["totals"]["target_only"] = baseline.summary()
+    if twin is not None:
+        eager["totals"]["counts"] = asdict(eager["totals"]["counts"])
+        report["totals"]["parity"] = parity(eager, report)
     return report
 
 
@@ -228,6 +253,7 @@ def describe_config(config: BenchConfig, engine) -> dict:
             "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
             "k": config.k, "shape": asdict(config.shape),
             "draft_sampling": config.draft_sampling, "mode": config.mode, "compile": config.compile or False,
+            "fault": config.fault,
             "kernels": config.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
             "drafter_dtype": (dtype_label(engine.drafter_dtype) + (", head int8" if engine.drafter.head_in_int8 else "")
                               if engine.drafter is not None else None),

@@ -4,6 +4,8 @@ propose/verify time per step), per category rows, and shape labels; pure functio
 
 from __future__ import annotations
 
+from demo.bench.faults import FAULT_SHORT, capture_label
+from demo.bench.parity import parity_sentence
 from demo.kernels.runtime import DEFAULT_KERNELS
 from demo.methods import mode_label
 
@@ -50,6 +52,8 @@ def format_report(report: dict) -> str:
     if c.get("drafter_dtype") and c["drafter_dtype"] != c["dtype"]:
         drafter += f" in {c['drafter_dtype']}"
     mode = mode_label(c["mode"], c["compile"])
+    if c.get("fault") is not None:  # the capture lab's engine
+        mode = f"capture lab: {mode.replace(c['mode'], capture_label(c['mode']), 1)}, {FAULT_SHORT[c['fault']]}"
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, {shape_label(c)}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']}, kernels {c.get('kernels', DEFAULT_KERNELS)})"
                                                if c["gpu"] else ""),
@@ -72,6 +76,8 @@ def format_report(report: dict) -> str:
             else:
                 speedup = f", speedup {stats.tokens_per_s / base:.2f}x" if base > 0 else ""
                 lines.append(f"target-only: {base:.1f} tokens/s{speedup}")
+    if "parity" in t:
+        lines.append(parity_sentence(t["parity"]))
     categories = t.get("categories") or []
     if len(categories) > 1:
         lines.append("by category: " + ", ".join(f"{r['category']} {r['mean_acceptance_length']:.2f} "
