@@ -145,7 +145,7 @@ class FeatureOracle(OracleDrafter):
         self.register_buffer("after_next", torch.tensor(after_next))
 
     def forward(self, tokens, positions, hidden, slots=None, mask=None, logits=True, attend=None):
-        place = (nn.functional.normalize(hidden.float(), dim=-1) @ self.keys.T).argmax(-1)  # [B, q]: nearest h[j]
+        place = (nn.functional.normalize(hidden.float(), dim=-1) @ self.keys.float().T).argmax(-1)  # [B, q]: nearest h[j]
         drafts = nn.functional.one_hot(self.after_next[place], self.vocab_size).to(hidden.dtype)
         return drafts, self.features[(place + 1).clamp(max=len(self.features) - 1)].to(hidden.dtype)
 

@@ -66,3 +66,20 @@ def tiny_session(*, predictable: bool = False, max_context: int = 512, name: str
             hf.lm_head.weight.zero_()
     drafters = {m: tiny_drafter(m, target) for m in ("eagle", "eagle3")}
     return Session(Models(hf, byte_tokenizer(), drafters, name=name, target_spec=name, max_context=max_context))
+
+
+def feature_session(prompt: str = "Say a", max_new_tokens: int = 32, max_context: int = 512) -> Session:
+    """A Session over a tiny random Llama whose EAGLE drafter is a FeatureOracle (tests/tiny.py) along
+    the target's greedy answer to `prompt`: it drafts from the target's features, so that answer's
+    drafts pass (but every 4th) while the features are fresh, and few pass from stale ones."""
+    from demo.engine import Engine
+    from demo.models.prompts import chat_ids
+    from tests.tiny import FeatureOracle, run
+
+    hf, target = tiny_target("llama", vocab_size=258, max_position_embeddings=max_context)
+    tok = byte_tokenizer()
+    ids = chat_ids(tok, [{"role": "user", "content": prompt}])
+    answer, _ = run(Engine(target, None, max_context=max_context), ids, max_new_tokens=max_new_tokens,
+                    stop_token_ids=())
+    oracle = FeatureOracle(target, ids + answer, every=4)
+    return Session(Models(hf, tok, {"eagle": oracle}, name="tiny", target_spec="tiny", max_context=max_context))

@@ -5,6 +5,9 @@ show. No Gradio here: demo/ui/bench_tab.py maps these onto components.
 
 Every configuration decodes greedily (T = 0) and drafts a chain of k (draft trees: the CLI's
 ``--tree-topk``), after one uncounted warm-up generation, as ``python -m demo.bench`` does by default.
+A run whose steps are captured (graph mode, or the capture lab's faults: demo/bench/capture_lab.py,
+local mode only) is held to eager's acceptance counts on the same prompts (demo/bench/parity.py), so a
+plan with one measures eager too.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 from typing import Iterator
 
 from demo.bench.config import WARMUP_MAX_NEW_TOKENS, BenchConfig
+from demo.bench.faults import FAULT_LABELS, FAULTS
 from demo.bench.measure import measuring
+from demo.bench.parity import parity, parity_sentence
 from demo.bench.report import format_report
 from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODES
 from demo.service.request import LIMITS, MAX_CHARS_PER_TOKEN, RequestError
@@ -34,22 +39,32 @@ class BenchPlan:
     ks: tuple[int, ...] = (1, 2, 3)
     num_prompts: int = 8
     max_new_tokens: int = 64
+    faults: tuple[str, ...] = ()  # the capture lab's runs (demo/bench/faults.py), local mode only
 
     @classmethod
-    def of(cls, methods, modes, ks, num_prompts, max_new_tokens) -> "BenchPlan":
-        """A plan from the tab's values (lists in any order; sliders send floats): methods and modes in
-        METHODS / MODES order, k ascending. Whatever is not allowed stays, for ``check`` to refuse."""
+    def of(cls, methods, modes, ks, num_prompts, max_new_tokens, faults=()) -> "BenchPlan":
+        """A plan from the tab's values (lists in any order; sliders send floats): methods, modes and
+        faults in METHODS / MODES / FAULTS order, k ascending. Whatever is not allowed stays, for
+        ``check`` to refuse."""
         ks = tuple(dict.fromkeys(_whole(k) for k in ks or ()))
         return cls(_ordered(methods, METHODS), _ordered(modes, MODES),
                    tuple(sorted(ks)) if all(isinstance(k, int) for k in ks) else ks,
-                   _whole(num_prompts), _whole(max_new_tokens))
+                   _whole(num_prompts), _whole(max_new_tokens), _ordered(faults, FAULTS))
 
     def configs(self) -> list[BenchConfig]:
         """Mode by mode: target only, then each drafting method at every k (greedy chains, WARMUP
-        warm-ups; run_plan fills in the models and the prompts)."""
-        return [BenchConfig(method=method, mode=mode, num_spec_tokens=k, max_new_tokens=self.max_new_tokens,
-                            warmup=WARMUP) for mode in self.modes for method in self.methods
-                for k in ((0,) if method == "none" else self.ks)]
+        warm-ups; run_plan fills in the models and the prompts), eager among the modes whenever a run
+        is captured (the parity check needs its counts); then the capture lab's runs, each fault at
+        each drafting method and k, in graph mode where the plan has it, else replayed on the CPU."""
+        modes = self.modes
+        if ("cudagraph" in modes or self.faults) and "eager" not in modes:
+            modes = ("eager",) + modes
+        lab_mode = "cudagraph" if "cudagraph" in modes else "eager"
+        one = dict(max_new_tokens=self.max_new_tokens, warmup=WARMUP)
+        return [BenchConfig(method=method, mode=mode, num_spec_tokens=k, **one) for mode in modes
+                for method in self.methods for k in ((0,) if method == "none" else self.ks)] + \
+               [BenchConfig(method=method, mode=lab_mode, num_spec_tokens=k, fault=fault, **one) for fault in self.faults
+                for method in self.methods if method != "none" for k in self.ks]
 
     @property
     def warmup_tokens(self) -> int:
@@ -79,6 +94,12 @@ class BenchPlan:
                                "Measure eager mode.")
         if any(m != "none" for m in self.methods) and not self.ks:
             raise RequestError("Choose at least one k for the drafting methods.")
+        for fault in self.faults:
+            if fault not in FAULTS:
+                raise RequestError(f"Unknown capture fault {fault!r}: choose among "
+                                   f"{', '.join(FAULT_LABELS[f] for f in FAULTS)}.")
+        if self.faults and all(m == "none" for m in self.methods):
+            raise RequestError("A capture fault acts on the drafter's step: choose a drafting method too.")
         for k in self.ks:
             _check_whole("k", k, 1, APP_MAX_SPEC_TOKENS)
         _check_whole("number of prompts", self.num_prompts, 1, 10**6)
@@ -167,6 +188,10 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
             yield BenchProgress(total, total, "out of time", reports, finished=True, cut_short=True)
             return
         engine = session.engine(config.method, config.mode)
+        if config.fault is not None:  # the capture lab's engine of its own, on the same models
+            from demo.bench.capture_lab import CaptureLab
+
+            engine = CaptureLab.around(engine, config.fault)
         steps = measuring(engine, session.tokenizer, questions, measured_config(session, config, source), deadline)
         while True:
             try:
@@ -181,16 +206,36 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
 
 
 # ---------------------------------------------------------------------- what a run shows
+def eager_report(reports: list[dict], config: dict) -> dict | None:
+    """The run a captured configuration's counts are held to: the same method and k, eager, no fault."""
+    return next((r for r in reports if (c := r["totals"]["config"])["mode"] == "eager" and c.get("fault") is None
+                 and (c["method"], c["k"]) == (config["method"], config["k"])), None)
+
+
+def run_parity(reports: list[dict], report: dict) -> dict | None:
+    """The parity check of a captured run against its eager run (None: it captures nothing, or its
+    eager run was not measured on the same prompts, as when a time limit cut one short)."""
+    c = report["totals"]["config"]
+    eager = eager_report(reports, c) if c["mode"] == "cudagraph" or c.get("fault") is not None else None
+    try:
+        return None if eager is None else parity(eager, report)
+    except ValueError:
+        return None
+
+
 def summary_rows(reports: list[dict]) -> list[dict]:
-    """One row per configuration: the bench's totals, and the speedup over target only in the same
-    mode when the run measured it."""
+    """One row per configuration: the bench's totals, the speedup over target only in the same
+    mode when the run measured it, and a captured run's parity check."""
     baseline = {r["totals"]["config"]["mode"]: r["totals"]["summary"]["tokens_per_s"] for r in reports
                 if r["totals"]["config"]["method"] == "none"}
     rows = []
     for r in reports:
         c, s = r["totals"]["config"], r["totals"]["summary"]
         base = baseline.get(c["mode"])
-        rows.append({"method": c["method"], "mode": c["mode"], "k": c["k"], "prompts": r["totals"]["num_prompts"],
+        checked = run_parity(reports, r)
+        rows.append({"method": c["method"], "mode": c["mode"], "k": c["k"], "fault": c.get("fault"),
+                     "parity": checked, "parity_sentence": checked and parity_sentence(checked),
+                     "prompts": r["totals"]["num_prompts"],
                      "generated_tokens": s["num_generated"], "mean_acceptance_length": s["mean_acceptance_length"],
                      "acceptance_per_position": s["acceptance_per_position"], "tokens_per_s": s["tokens_per_s"],
                      "speedup": s["tokens_per_s"] / base if base and c["method"] != "none" else None,
@@ -201,7 +246,8 @@ def summary_rows(reports: list[dict]) -> list[dict]:
 def category_table(reports: list[dict]) -> list[dict]:
     """One row per configuration and prompt category (bench.category_rows of each report)."""
     return [{"method": r["totals"]["config"]["method"], "mode": r["totals"]["config"]["mode"],
-             "k": r["totals"]["config"]["k"], **row} for r in reports for row in r["totals"]["categories"]]
+             "k": r["totals"]["config"]["k"], "fault": r["totals"]["config"].get("fault"), **row}
+            for r in reports for row in r["totals"]["categories"]]
 
 
 def report_text(reports: list[dict]) -> str:

@@ -86,14 +86,15 @@ def environment(**extra) -> dict:
 
 
 # ---------------------------------------------------------------------- benchmark CSV
-CSV_COLUMNS = ["method", "mode", "k", "category", "prompts", "generated_tokens", "mean_acceptance_length",
-               "tokens_per_s", "speedup", "mean_draft_ms", "mean_verify_ms"]
+CSV_COLUMNS = ["method", "mode", "k", "fault", "category", "prompts", "generated_tokens", "mean_acceptance_length",
+               "tokens_per_s", "speedup", "mean_draft_ms", "mean_verify_ms", "parity"]
 
 
 def bench_csv(summary: list[dict], categories: list[dict]) -> str:
     """A benchmark as CSV: per configuration its totals (category "all", with acceptance at draft
-    1..k as acceptance_at_draft_i), then its rows per prompt category. Empty cells: not measured (a
-    category has no speedup or step times of its own)."""
+    1..k as acceptance_at_draft_i) and, for a captured run, the parity check in a sentence, then its
+    rows per prompt category; `fault` names a capture-lab run's fault. Empty cells: not measured or not
+    one (a category has no speedup or step times of its own)."""
     depth = max((len(r["acceptance_per_position"]) for r in summary), default=0)
     columns = CSV_COLUMNS + [f"acceptance_at_draft_{i}" for i in range(1, depth + 1)]
     out = io.StringIO()
@@ -101,7 +102,8 @@ def bench_csv(summary: list[dict], categories: list[dict]) -> str:
     writer.writeheader()
     for row in summary:
         writer.writerow({**row, "category": "all", "speedup": "" if row["speedup"] is None else row["speedup"],
+                         "fault": row.get("fault") or "", "parity": row.get("parity_sentence") or "",
                          **{f"acceptance_at_draft_{i}": a for i, a in enumerate(row["acceptance_per_position"], 1)}})
     for row in categories:
-        writer.writerow(row)
+        writer.writerow({**row, "fault": row.get("fault") or ""})
     return out.getvalue()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from demo.bench.faults import FAULT_SHORT, capture_label
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.ui.figures import MODEBAR_REMOVE
 
@@ -23,14 +24,16 @@ def bench_figure(rows: list[dict]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=("Mean acceptance length (includes the target's own token)",
                                         "Tokens per second"))
-    series: dict[tuple[str, str], list[dict]] = {}
+    series: dict[tuple[str, str, str | None], list[dict]] = {}
     for row in rows:
-        series.setdefault((row["method"], row["mode"]), []).append(row)
+        series.setdefault((row["method"], row["mode"], row.get("fault")), []).append(row)
     ks = sorted({row["k"] for row in rows})
-    for (method, mode), points in series.items():
+    for (method, mode, fault), points in series.items():
         points = sorted(points, key=lambda r: r["k"])
-        name = f"{METHOD_LABELS[method]} · {MODE_LABELS[mode]}"
-        style = dict(color=METHOD_COLORS.get(method, "#555"), dash=MODE_DASH.get(mode, "solid"), width=2)
+        name = f"{METHOD_LABELS[method]} · {MODE_LABELS[mode]}" if fault is None else \
+            f"{METHOD_LABELS[method]} · {capture_label(mode)} · {FAULT_SHORT[fault]}"
+        dash = MODE_DASH.get(mode, "solid") if fault is None else "dash" if fault != "none" else "dashdot"
+        style = dict(color=METHOD_COLORS.get(method, "#555"), dash=dash, width=2)
         x = [p["k"] for p in points]
         for col, key, fmt in ((1, "mean_acceptance_length", ".2f"), (2, "tokens_per_s", ".1f")):
             fig.add_trace(go.Scatter(x=x, y=[p[key] for p in points], mode="lines+markers", name=name,

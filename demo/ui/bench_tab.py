@@ -5,7 +5,9 @@ chart against k, and a CSV download.
 A layout builder that returns the components (``build_bench_tab``), then one function that
 registers the tab's listeners (``register``).
 The plan, its checks and its run are demo/bench/plan.py's; the chart demo/ui/bench_figures.py's; the
-CSV demo/service/export.py's; the public work budget demo/service/hosting.py's. A run holds the engine like a chat
+CSV demo/service/export.py's; the public work budget demo/service/hosting.py's. In local mode the
+capture lab's fault switch (demo/bench/faults.py) adds captured runs, each held to eager's counts by the
+parity check, and their panel (demo/ui/html/lab.py); a public app builds neither. A run holds the engine like a chat
 reply (the same concurrency group) and stops between two prompts when the visitor presses Stop.
 """
 
@@ -18,6 +20,8 @@ from pathlib import Path
 import gradio as gr
 
 from demo.bench.config import BenchConfig
+from demo.bench.faults import FAULT_LABELS, FAULTS
+from demo.bench.parity import parity_cell
 from demo.bench.plan import (
     BUNDLED_PROMPTS,
     BenchPlan,
@@ -39,13 +43,15 @@ from demo.service.request import RequestError
 from demo.service.session import Session, shown_session, visitor_session
 from demo.ui.bench_figures import bench_figure
 from demo.ui.events import ENGINE, PRIVATE
+from demo.ui.html.lab import render_lab
 from demo.ui.html.render import escape, status_html
 
 MAX_PROMPT_FILE_BYTES = 2**20  # hosting.MAX_FILE_SIZE bounds uploads already; a file read here is never larger
 DEFAULT_PLAN = BenchPlan(methods=("none", "eagle3"), modes=("eager",), ks=(1, 2, 3), num_prompts=8, max_new_tokens=48)
 SUMMARY_HEADERS = ["configuration", "prompts", "tokens", "mean acceptance length", "acceptance at draft 1..k",
-                   "tokens/s", "speedup vs target only", "propose ms/step", "verify ms/step"]
-SUMMARY_WIDTHS = ["19%", "8%", "8%", "11%", "14%", "9%", "11%", "10%", "10%"]
+                   "tokens/s", "speedup vs target only", "propose ms/step", "verify ms/step",
+                   "parity (captured = eager)"]
+SUMMARY_WIDTHS = ["17%", "6%", "6%", "9%", "12%", "7%", "9%", "8%", "8%", "18%"]
 CATEGORY_HEADERS = ["configuration", "category", "prompts", "mean acceptance length", "tokens/s"]
 ABOUT = ("Measures each configuration over the same prompts with the engine the chat uses, as `python -m demo.bench` "
          "does: greedy (T = 0), a chain of k drafts per step, one uncounted warm-up generation per configuration, "
@@ -76,14 +82,18 @@ class BenchControls:
     chart: gr.Plot
     report: gr.Code
     csv: gr.DownloadButton
+    faults: gr.CheckboxGroup | None = None  # the capture lab (local mode only)
+    lab: gr.HTML | None = None
 
     @property
     def plan_inputs(self) -> list:
-        return [self.methods, self.modes, self.ks, self.num_prompts, self.max_new_tokens]
+        return [self.methods, self.modes, self.ks, self.num_prompts, self.max_new_tokens] + \
+            ([self.faults] if self.faults is not None else [])
 
     @property
     def results(self) -> list:
-        return [self.status, self.summary, self.categories, self.chart, self.report, self.csv]
+        return [self.status, self.summary, self.categories, self.chart, self.report, self.csv] + \
+            ([self.lab] if self.lab is not None else [])
 
 
 # ---------------------------------------------------------------------- pure pieces the listeners show
@@ -142,17 +152,20 @@ def work_note(plan: BenchPlan, num_questions: int, budget: int | None) -> str:
             f"configuration(s), {work:,} tokens, {verdict} the limit.")
 
 
+def row_label(r: dict) -> str:
+    return BenchConfig(method=r["method"], mode=r["mode"], num_spec_tokens=r["k"], fault=r.get("fault")).label
+
+
 def summary_table(rows: list[dict]) -> list[list]:
-    return [[BenchConfig(method=r["method"], mode=r["mode"], num_spec_tokens=r["k"]).label, r["prompts"], r["generated_tokens"],
-             round(r["mean_acceptance_length"], 2),
+    return [[row_label(r), r["prompts"], r["generated_tokens"], round(r["mean_acceptance_length"], 2),
              " · ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "-",
              round(r["tokens_per_s"], 1), "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
-             round(r["mean_draft_ms"], 2), round(r["mean_verify_ms"], 2)] for r in rows]
+             round(r["mean_draft_ms"], 2), round(r["mean_verify_ms"], 2), parity_cell(r.get("parity"))] for r in rows]
 
 
 def category_rows_table(rows: list[dict]) -> list[list]:
-    return [[BenchConfig(method=r["method"], mode=r["mode"], num_spec_tokens=r["k"]).label, r["category"], r["prompts"],
-             round(r["mean_acceptance_length"], 2), round(r["tokens_per_s"], 1)] for r in rows]
+    return [[row_label(r), r["category"], r["prompts"], round(r["mean_acceptance_length"], 2),
+             round(r["tokens_per_s"], 1)] for r in rows]
 
 
 def write_csv(text: str) -> str:
@@ -177,6 +190,11 @@ def build_bench_tab(session: Session, hosting: Hosting) -> BenchControls:
                 ks = gr.CheckboxGroup([(str(k), k) for k in range(1, APP_MAX_SPEC_TOKENS + 1)],
                                       value=list(DEFAULT_PLAN.ks),
                                       label="k values (draft tokens per step)", elem_id="sl-bench-ks")
+                faults = None if hosting.public else gr.CheckboxGroup(
+                    [(FAULT_LABELS[f], f) for f in FAULTS], value=[], elem_id="sl-bench-faults",
+                    label="Capture lab (local only): each drafting configuration again with its steps captured",
+                    info="CUDA graphs where the plan has them, else replayed by a CPU stand-in; with a capture fault, "
+                         "or none. Each is held to eager's acceptance counts (the parity check).")
                 num_prompts = gr.Slider(1, len(questions), value=DEFAULT_PLAN.num_prompts, step=1,
                                         label="Number of prompts", elem_id="sl-bench-num-prompts")
                 max_new_tokens = gr.Slider(1, 512, value=DEFAULT_PLAN.max_new_tokens, step=1, label="Max new tokens",
@@ -191,6 +209,7 @@ def build_bench_tab(session: Session, hosting: Hosting) -> BenchControls:
                 summary = gr.Dataframe(headers=SUMMARY_HEADERS, value=None, label="Per configuration",
                                        interactive=False, wrap=True, column_widths=SUMMARY_WIDTHS,
                                        elem_id="sl-bench-summary")
+                lab = None if hosting.public else gr.HTML("", elem_id="sl-bench-lab")
                 chart = gr.Plot(bench_figure([]), show_label=False, elem_id="sl-bench-chart")
                 categories = gr.Dataframe(headers=CATEGORY_HEADERS, value=None, label="Per prompt category",
                                           interactive=False, wrap=True, elem_id="sl-bench-categories")
@@ -200,7 +219,8 @@ def build_bench_tab(session: Session, hosting: Hosting) -> BenchControls:
                                      elem_id="sl-bench-report")
     return BenchControls(model_note=note, prompt_file=prompt_file, prompt_note=prompts, methods=methods, modes=modes,
                          ks=ks, num_prompts=num_prompts, max_new_tokens=max_new_tokens, work=work, run=run, stop=stop,
-                         status=status, summary=summary, categories=categories, chart=chart, report=report, csv=csv)
+                         status=status, summary=summary, categories=categories, chart=chart, report=report, csv=csv,
+                         faults=faults, lab=lab)
 
 
 # ---------------------------------------------------------------------- listeners
@@ -213,13 +233,16 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         except (PromptFileError, OSError) as e:
             raise RequestError(str(e)) from None
 
-    def run_benchmark(name, path, methods, modes, ks, num_prompts, max_new_tokens, progress=gr.Progress()):
+    def run_benchmark(name, path, methods, modes, ks, num_prompts, max_new_tokens, faults=(),
+                      progress=gr.Progress()):
         """Check the plan, then measure it, saying which prompt of which configuration runs; at the end
-        the tables, the chart, the CLI's report and the CSV."""
+        the tables, the chart, the CLI's report, the CSV and (local mode) the capture lab's panel."""
         try:
             session = visitor_session(cache, name)
             questions, source = questions_of(path)
-            plan = BenchPlan.of(methods, modes, ks, num_prompts, max_new_tokens)
+            plan = BenchPlan.of(methods, modes, ks, num_prompts, max_new_tokens, faults)
+            if plan.faults and hosting.public:  # never offered there: the shared engines stay as they are
+                raise RequestError("The capture lab runs in local mode only.")
             plan.check(session)
             chosen = pick_prompts(questions, plan.num_prompts)
             hosting.check_bench_work(plan.work(len(chosen)), session.device)
@@ -228,7 +251,7 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
             raise gr.Error(str(e), print_exception=False) from None
         progress(0.0, desc="warming up")
         yield {b.status: status_html(f"warming up: {len(plan.configs())} configuration(s) on {len(chosen)} prompts…"),
-               b.csv: gr.DownloadButton(value=None, interactive=False)}
+               b.csv: gr.DownloadButton(value=None, interactive=False), **({b.lab: ""} if b.lab is not None else {})}
         for step in run_plan(session, plan, chosen, source, hosting.time_limit()):
             progress(step.fraction, desc=step.what)
             if not step.finished:
@@ -242,7 +265,8 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         yield {b.status: status_html(said, "done"),
                b.summary: summary_table(rows), b.categories: category_rows_table(per_category),
                b.chart: bench_figure(rows), b.report: report_text(step.reports),
-               b.csv: gr.DownloadButton(value=write_csv(bench_csv(rows, per_category)), interactive=True)}
+               b.csv: gr.DownloadButton(value=write_csv(bench_csv(rows, per_category)), interactive=True),
+               **({b.lab: render_lab(step.reports, rows)} if b.lab is not None else {})}
 
     def describe_prompts(name, path, *plan_values):
         """A new prompt file (or none: the bundled set): what it holds, or why it cannot be read."""
@@ -252,7 +276,7 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
             gr.Warning(str(e))
             return {b.prompt_note: f"⚠ {escape(str(e))}", b.num_prompts: gr.skip(), b.work: gr.skip()}
         n = min(DEFAULT_PLAN.num_prompts, len(questions))
-        plan = BenchPlan.of(*plan_values[:3], n, plan_values[4])
+        plan = BenchPlan.of(*plan_values[:3], n, *plan_values[4:])
         return {b.prompt_note: prompt_note(questions, source),
                 b.num_prompts: gr.Slider(maximum=max(len(questions), 2), value=n),
                 b.work: work_note(plan, len(questions), hosting.bench_budget(shown_session(cache, name).device))}
