@@ -8,12 +8,14 @@ One decoding step verifies a tree of N+1 nodes (EAGLE-2 / EAGLE-3 dynamic trees;
 - ``parents`` [N+1] int64: parents[i] < i for i >= 1, parents[0] = 0;
 - ``depths`` [N+1] int64: depths[0] = 0, depths[i] = depths[parents[i]] + 1 <= D (a Python int);
 - a node's children appear in increasing index order, the order they are TRIED in (the drafter's
-  preference). Siblings are distinct tokens in point-mass (top-k) trees; in q-sampled trees they
-  are i.i.d. draws from the drafter and may repeat;
+  preference, or the order they were drawn in). Siblings are distinct tokens in point-mass (top-k)
+  trees and in trees drawn without replacement; in i.i.d. q-sampled trees they may repeat;
 - row i of ``probs`` [N+1, V] (or ``logits`` for T = 0) is the target's distribution of the token
   AFTER node i, already processed by ``demo.sampling.target_probs``;
 - q-sampled trees add ``q`` [R, V], the drafter's distributions over the target vocabulary, and
-  ``q_row`` [N+1] int64, the row node i was drawn from (its parent's; q_row[0] unused).
+  ``q_row`` [N+1] int64, the row node i was drawn from (its parent's; q_row[0] unused). A node's
+  children may be any prefix of its draws, its length decided without looking at them (demo/tree.py
+  prunes so): dropping the later draws of a sequence leaves a sequence drawn the same way.
 
 Every rule returns ``(num_accepted: [] int64, path: [D] int64, out_tokens: [D+1] int64)``: path[j]
 is the accepted node at depth j+1 for j < num_accepted (0 after); out_tokens[:num_accepted] are the
@@ -36,7 +38,12 @@ The rules, each exact (the emitted tokens are distributed as the target's):
   rejection set p <- max(0, p - q) renormalised (q unchanged) and try the next sibling; when every
   child fails sample from the last residual; at a node with no children sample p (the bonus).
   Exact when a node's children are i.i.d. draws from q.
-
+- T > 0, drafts drawn from q without replacement (``verify_tree_wor``; recursive rejection sampling,
+  Jeon et al. 2024, "Recursive Speculative Decoding"; on a chain the standard rule again): try the
+  children in order, accepting x with probability min(1, p_r(x) / q_r(x)); after a rejection set
+  p_{r+1} = max(0, p_r - q_r) renormalised and q_{r+1} = q_r with x removed, renormalised; when every
+  child fails sample from the last p. Exact when a node's children x_1, x_2, ... are drawn in turn
+  from q_1 = q, q_2, ... (``tree_wor_rule`` has the argument).
 Zero-mass edge cases: a residual with no mass left falls back to the distribution it came from
 (only float rounding gets there: a mass-1 set of children is accepted with probability 1), and
 q(x) = 0 never divides (acceptance is tested as u * q(x) < p(x)).
@@ -146,6 +153,86 @@ def tree_q_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
         first = torch.where(accept, idx, n_nodes).amin()  # [] first accepted child; N+1 if none
         step = alive & (first < n_nodes)  # []
         final = torch.where(alive & ~step, residual, final)
+        path.append(torch.where(step, first, 0))
+        cur = torch.where(step, first, cur)
+        num_accepted = num_accepted + step.to(torch.int64)
+        alive = step
+    p = probs.index_select(0, cur.view(1)).squeeze(0)  # [V] a depth-D node has no children: bonus
+    final = torch.where(alive, p, final)
+    token = (final / noise).argmax()  # [] exponential race
+    path = torch.stack(path) if path else idx.new_zeros(0)  # [D]
+    return num_accepted, path, _emit(tokens, path, num_accepted, token)
+
+
+def verify_tree_wor(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                    probs: torch.Tensor, q: torch.Tensor, q_row: torch.Tensor, D: int,
+                    generator: torch.Generator | None, max_children: int | None = None):
+    """tokens, parents, depths, q_row: [N+1] int64; probs: [N+1, V] float32; q: [R, V] float32 ->
+    (num_accepted: [], path: [D], out_tokens: [D+1]). Recursive rejection sampling over siblings
+    drawn without replacement; max_children as verify_tree_q's."""
+    n_drafts = tokens.shape[0] - 1
+    u = torch.rand(n_drafts, generator=generator, device=probs.device)  # [N] one per draft
+    noise = torch.empty_like(probs[0]).exponential_(generator=generator)  # [V]
+    return tree_wor_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children)
+
+
+def tree_wor_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                  probs: torch.Tensor, q: torch.Tensor, q_row: torch.Tensor, D: int,
+                  u: torch.Tensor, noise: torch.Tensor, max_children: int | None = None):
+    """verify_tree_wor with its draws given: u [N] uniforms in [0, 1), one per draft (node i uses
+    u[i-1]), noise [V] Exp(1) for the exponential race of the target's own token.
+
+    Why it is exact. At a node with target p and drafter q, children x_1, x_2, ... are drawn in
+    turn, x_r from q_r (q_1 = q; q_{r+1} is q_r without x_r, renormalised: sampling without
+    replacement). Claim: started at child r with p_r, the rule emits y with probability p_r(y),
+    whatever x_1..x_{r-1} were. Past the last child it samples p_r itself. Otherwise x_r ~ q_r is
+    accepted with probability min(1, p_r(x_r) / q_r(x_r)), so y is accepted with probability
+    min(q_r(y), p_r(y)); after a rejection, which happens with probability
+    1 - sum_y min(p_r, q_r) = sum_y max(0, p_r - q_r), the rest emits p_{r+1} = max(0, p_r - q_r)
+    normalised (by the claim at r + 1: p_{r+1} does not depend on x_r). In all, y comes out with
+    probability min(q_r(y), p_r(y)) + max(0, p_r(y) - q_r(y)) = p_r(y). At r = 1 that is p: the
+    token after the node is the target's. An accepted child's own children were drawn from the
+    drafter at that child, after it and apart from its siblings' draws, so the same holds one depth
+    down, and by induction for every token the step emits. With one child per node (a chain) this
+    is Leviathan et al.'s rule; with q_r left unchanged it would be SpecInfer's, which is exact
+    only for i.i.d. siblings. A sibling's presence may depend on anything but its own draw and the
+    later ones (a prefix of the draws, demo/tree.py's pruning): the claim at r holds whether the
+    rule tries x_r or samples p_r there.
+
+    A child with q_r(x) = 0 (a draw past the drafter's support, or float underflow) is never
+    accepted and leaves p as it was; a residual with no mass left falls back to the distribution
+    it came from (only float rounding gets there: then p_r <= q_r everywhere, so p_r = q_r and the
+    child was accepted)."""
+    n_nodes = tokens.shape[0]  # N+1
+    max_children = n_nodes - 1 if max_children is None else max_children
+    idx = torch.arange(n_nodes, device=tokens.device)  # [N+1]
+    u = torch.cat((u.new_ones(1), u))  # [N+1]; the root's entry is never used
+    rank = _earlier_siblings(parents).sum(1)  # [N+1] position among its siblings: the draw order
+    cur = torch.zeros((), dtype=torch.int64, device=tokens.device)  # [] current accepted node
+    alive = torch.ones((), dtype=torch.bool, device=tokens.device)  # [] still walking down
+    num_accepted = torch.zeros((), dtype=torch.int64, device=tokens.device)  # []
+    final = torch.zeros_like(probs[0])  # [V] the distribution of the target's own token
+    path = []
+    for _ in range(D):
+        p = probs.index_select(0, cur.view(1)).squeeze(0)  # [V] p_1: the target at the current node
+        kids = (parents == cur) & (idx >= 1)  # [N+1] bool
+        qv = q.index_select(0, (q_row * kids).amax().view(1)).squeeze(0)  # [V] q_1, shared by the kids
+        p_at = torch.zeros_like(probs[:, 0])  # [N+1] p_r(x_r): what child r is tried against
+        q_at = torch.zeros_like(p_at)  # [N+1] q_r(x_r): the probability it was drawn with
+        for r in range(max_children):
+            this = kids & (rank == r)  # [N+1] the r-th child, if there is one
+            has = this.any()  # []
+            x = (tokens * this).sum().view(1)  # [1] its token (0 if none: then nothing changes)
+            p_at = torch.where(this, p.index_select(0, x), p_at)
+            q_at = torch.where(this, qv.index_select(0, x), q_at)
+            p_next = _or_fallback(_normalise((p - qv).clamp(min=0.0)), p)  # [V] p_{r+1}
+            q_next = _normalise(qv.scatter(0, x, 0.0))  # [V] q_{r+1}: x_r can no longer be drawn
+            p = torch.where(has, p_next, p)
+            qv = torch.where(has, q_next, qv)
+        accept = kids & (q_at > 0) & (u * q_at < p_at)  # [N+1] min(1, p_r(x) / q_r(x)) without dividing
+        first = torch.where(accept, idx, n_nodes).amin()  # [] first accepted child; N+1 if none
+        step = alive & (first < n_nodes)  # []
+        final = torch.where(alive & ~step, p, final)  # every child failed: what is left of p
         path.append(torch.where(step, first, 0))
         cur = torch.where(step, first, cur)
         num_accepted = num_accepted + step.to(torch.int64)

@@ -1,5 +1,6 @@
 """Tree verification rules (demo/tree_verify.py): greedy follows the target's argmax down the tree,
-and both sampled rules emit exactly the target's distribution, with no host reads."""
+and the sampled rules emit exactly the target's distribution, with no host reads (drafted trees and
+a chi-square test of every rule: test_rule_exactness.py)."""
 
 import random
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from demo.sampling import verify_greedy, verify_sampled
-from demo.tree_verify import tree_pointmass_rule, tree_q_rule, verify_tree_greedy, verify_tree_pointmass, verify_tree_q
+from demo.tree_verify import (tree_pointmass_rule, tree_q_rule, tree_wor_rule, verify_tree_greedy,
+                               verify_tree_pointmass, verify_tree_q, verify_tree_wor)
 
 
 def _tree(parents, tokens):
@@ -231,7 +233,8 @@ def _speculative_sampling(drafts, p, q, u, noise):
     return k, drafts.tolist() + [(p[k] / noise).argmax().item()]
 
 
-def test_q_rule_on_a_chain_is_standard_speculative_sampling_draw_for_draw():
+@pytest.mark.parametrize("rule", [tree_q_rule, tree_wor_rule], ids=["q", "wor"])
+def test_sampled_rules_on_a_chain_are_standard_speculative_sampling_draw_for_draw(rule):
     gen = torch.Generator().manual_seed(0)
     for k, parents, depths, D, _, p in _chains(gen):
         q = torch.softmax(2 * torch.randn(max(k, 1), 5, generator=gen), -1)
@@ -239,12 +242,33 @@ def test_q_rule_on_a_chain_is_standard_speculative_sampling_draw_for_draw():
         tokens = torch.cat((torch.zeros(1, dtype=torch.int64), drafts))
         q_row = (torch.arange(k + 1) - 1).clamp(min=0)  # draft i was drawn from q[i-1]
         u, noise = torch.rand(k, generator=gen), torch.empty(5).exponential_(generator=gen)
-        n, path, out = tree_q_rule(tokens, parents, depths, p, q, q_row, D, u, noise)
+        n, path, out = rule(tokens, parents, depths, p, q, q_row, D, u, noise)
         ref_n, ref = _speculative_sampling(drafts, p, q, u, noise)
         assert n.item() == ref_n and out[:n + 1].tolist() == ref
 
 
-def test_q_rule_max_children_bounds_only_the_loop():
+def test_wor_rule_tries_each_sibling_against_what_the_earlier_rejections_left_of_p_and_q():
+    # one node, two children x1 = 0 then x2 = 1, drawn without replacement from q
+    p = torch.tensor([0.1, 0.5, 0.4])
+    q = torch.tensor([0.5, 0.3, 0.2])
+    tokens, parents, depths, D = _tree([0, 0, 0], [2, 0, 1])
+    probs = torch.stack((p, p, p))
+    q_row = torch.zeros(3, dtype=torch.int64)
+    noise = torch.ones(3)
+    # x1 = 0 is accepted with p(0) / q(0) = 0.2: u = 0.19 accepts it, u = 0.21 does not
+    assert tree_wor_rule(tokens, parents, depths, probs, q[None], q_row, D, torch.tensor([0.19, 0.99]), noise)[0] == 1
+    # after the rejection p2 = max(0, p - q) / 0.4 = (0, 0.5, 0.5) and q2 = q without 0 = (0, 0.6, 0.4):
+    # x2 = 1 is accepted with min(1, 0.5 / 0.6) = 5/6 (SpecInfer's rule would use q(1) = 0.3 and accept always)
+    for u2, accepted in ((0.83, True), (0.84, False)):
+        n, path, out = tree_wor_rule(tokens, parents, depths, probs, q[None], q_row, D, torch.tensor([0.99, u2]), noise)
+        assert (n.item() == 1 and path[0].item() == 2) == accepted
+    # both rejected: what is left is p3 = max(0, p2 - q2) normalised = (0, 0, 1), so token 2 follows
+    n, _, out = tree_wor_rule(tokens, parents, depths, probs, q[None], q_row, D, torch.tensor([0.99, 0.99]), noise)
+    assert n.item() == 0 and out[0].item() == 2
+
+
+@pytest.mark.parametrize("rule", [tree_q_rule, tree_wor_rule], ids=["q", "wor"])
+def test_sampled_rules_max_children_bounds_only_the_loop(rule):
     rng = random.Random(1)
     gen = torch.Generator().manual_seed(1)
     for _ in range(40):
@@ -254,7 +278,7 @@ def test_q_rule_max_children_bounds_only_the_loop():
         q = torch.softmax(torch.randn(len(parents), 6, generator=gen), -1)
         u, noise = torch.rand(len(parents) - 1, generator=gen), torch.empty(6).exponential_(generator=gen)
         args = (tok, par, dep, probs, q, par, D, u, noise)
-        assert all(torch.equal(a, b) for a, b in zip(tree_q_rule(*args), tree_q_rule(*args, max_children=3)))
+        assert all(torch.equal(a, b) for a, b in zip(rule(*args), rule(*args, max_children=3)))
 
 
 def test_zero_mass_never_makes_nan_or_emits_an_impossible_token():
@@ -271,10 +295,17 @@ def test_zero_mass_never_makes_nan_or_emits_an_impossible_token():
         for q in (half, torch.tensor([0.0, 0.0, 0.5, 0.5])):
             n, _, out = verify_tree_q(tokens, parents, depths, probs, torch.stack((q, q)), q_row, D, gen)
             assert n.item() == 1 and out[0].item() in (0, 1) and out[1].item() in (0, 1)
+        # without replacement: q = p is always accepted; a child q cannot have drawn never is
+        n, _, out = verify_tree_wor(tokens, parents, depths, probs, torch.stack((half, half)), q_row, D, gen)
+        assert n.item() == 1 and out[0].item() in (0, 1) and out[1].item() in (0, 1)
+        q = torch.tensor([0.0, 0.0, 0.5, 0.5])
+        n, _, out = verify_tree_wor(tokens, parents, depths, probs, torch.stack((q, q)), q_row, D, gen)
+        assert n.item() == 0 and out[0].item() in (0, 1) and not out.isnan().any()
         # drafts the target gives no mass are never accepted; what is left is still p
         q = torch.stack((half, half))
         for n, _, out in (verify_tree_pointmass(tokens, parents, depths, drafts_impossible, D, gen),
-                          verify_tree_q(tokens, parents, depths, drafts_impossible, q, q_row, D, gen)):
+                          verify_tree_q(tokens, parents, depths, drafts_impossible, q, q_row, D, gen),
+                          verify_tree_wor(tokens, parents, depths, drafts_impossible, q, q_row, D, gen)):
             assert n.item() == 0 and out[0].item() == 3
 
 
@@ -282,7 +313,8 @@ def _all_rules(tokens, parents, depths, probs, q, D, generator):
     q_row = torch.zeros_like(parents)
     return [verify_tree_greedy(tokens, parents, depths, probs, D),
             verify_tree_pointmass(tokens, parents, depths, probs, D, generator),
-            verify_tree_q(tokens, parents, depths, probs, q, q_row, D, generator, max_children=2)]
+            verify_tree_q(tokens, parents, depths, probs, q, q_row, D, generator, max_children=2),
+            verify_tree_wor(tokens, parents, depths, probs, q, q_row, D, generator, max_children=2)]
 
 
 def test_rules_read_nothing_on_the_host_and_return_the_documented_shapes():
@@ -303,7 +335,8 @@ def test_rules_capture_in_a_cuda_graph_and_replay_like_eager():
     u, noise = torch.rand(6, device="cuda"), torch.empty(10, device="cuda").exponential_()
     pure = [lambda: verify_tree_greedy(tokens, parents, depths, probs, D),
             lambda: tree_pointmass_rule(tokens, parents, depths, probs, D, u, noise),
-            lambda: tree_q_rule(tokens, parents, depths, probs, q, torch.zeros_like(parents), D, u, noise, 2)]
+            lambda: tree_q_rule(tokens, parents, depths, probs, q, torch.zeros_like(parents), D, u, noise, 2),
+            lambda: tree_wor_rule(tokens, parents, depths, probs, q, torch.zeros_like(parents), D, u, noise, 2)]
     torch.cuda.synchronize()
     for fn in pure:
         eager = fn()
