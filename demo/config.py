@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from demo.methods import SAMPLED_DRAFTS
+
 TREE_SCRATCH = 512  # drafter cache slots reserved past the context for a tree's frontier rows ((depth - 1) * topk)
 MAX_TREE_TOPK = 32
 MAX_DRAFT_TOKENS = 256  # verified per step, the root included
@@ -58,10 +60,11 @@ def default_tree(device_type: str) -> TreeShape:
 @dataclass(frozen=True)
 class DraftShape:
     """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N
-    (root excluded), drafts sampled from q or the drafter's top choices, and tree machinery or the
-    plain chain (a chain is the tree K = 1, N = D). Target-only (D = 0) may verify `pad` padding
-    rows after its one token: run at a speculative shape's width, it computes every token as that
-    shape's verification does (``target_only_width``)."""
+    (root excluded), drafts sampled from q or the drafter's top choices (a node's sampled children
+    drawn with or without replacement), and tree machinery or the plain chain (a chain is the tree
+    K = 1, N = D). Target-only (D = 0) may verify `pad` padding rows after its one token: run at a
+    speculative shape's width, it computes every token as that shape's verification does
+    (``target_only_width``)."""
 
     depth: int
     topk: int = 1
@@ -69,19 +72,31 @@ class DraftShape:
     sampled: bool = False
     tree: bool = False
     pad: int = 0
+    without_replacement: bool = False  # sampled drafts: a node's children are distinct draws ("wor")
 
     @classmethod
-    def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1) -> "DraftShape":
+    def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1,
+           without_replacement: bool = False) -> "DraftShape":
         """The shape of a request: a chain of k, or a tree of depth k (sampled drafts need the tree
-        machinery, and verify every candidate); k = 0: target-only, its forwards `width` rows wide."""
+        machinery); k = 0: target-only, its forwards `width` rows wide. A tree verifies its
+        num_draft_tokens - 1 best nodes (0: every candidate), sampled or not (demo/tree.py says how
+        sampled trees are pruned and stay exact)."""
         if k == 0:
             return cls(0, pad=width - 1)
         if tree is None and not sampled:
             return cls(k, 1, k)
         topk = tree.topk if tree is not None else 1
         full = topk + (k - 1) * topk * topk
-        nodes = full if sampled or tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
-        return cls(k, topk, nodes, sampled, True)
+        nodes = full if tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
+        return cls(k, topk, nodes, sampled, True, without_replacement=sampled and without_replacement)
+
+    @classmethod
+    def drawn(cls, k: int, tree: TreeShape | None, draft_sampling: str, temperature: float,
+              width: int = 1) -> "DraftShape":
+        """The shape of a request by its rule (demo.methods.DRAFT_SAMPLING): drafts are draws from q
+        only at T > 0 and for the rules that sample (SAMPLED_DRAFTS)."""
+        sampled = draft_sampling in SAMPLED_DRAFTS and temperature > 0
+        return cls.of(k, tree, sampled, width, without_replacement=draft_sampling == "wor")
 
     @property
     def candidates(self) -> int:
@@ -99,7 +114,10 @@ class DraftShape:
         if self.pad and self.depth:
             raise ValueError(f"only target-only steps are padded, not a shape of depth {self.depth}")
         if self.width > MAX_DRAFT_TOKENS:
-            raise ValueError(f"a step verifies at most {MAX_DRAFT_TOKENS} tokens, not {self.width}")
+            fix = (f": a tree of depth {self.depth} x top-{self.topk} verifies at most {MAX_DRAFT_TOKENS} of its "
+                   f"{self.candidates + 1} with num_draft_tokens (--num-draft-tokens) {MAX_DRAFT_TOKENS} or less"
+                   if self.tree and self.topk > 1 else "")
+            raise ValueError(f"a step verifies at most {MAX_DRAFT_TOKENS} tokens, not {self.width}{fix}")
         if not self.tree:
             return
         if not 1 <= self.topk <= MAX_TREE_TOPK:
@@ -134,5 +152,4 @@ class GenerationConfig:
 
     def draft_shape(self, k: int) -> DraftShape:
         """What a step drafts with k drafts per step (k = 0: none)."""
-        return DraftShape.of(k, self.tree, sampled=self.draft_sampling == "q" and not self.sampling.greedy,
-                             width=self.target_only_width)
+        return DraftShape.drawn(k, self.tree, self.draft_sampling, self.temperature, width=self.target_only_width)

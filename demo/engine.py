@@ -39,7 +39,7 @@ from demo.metrics import AcceptanceStats
 from demo.sampling import ShownProbs, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from demo.tree import DraftTree, compact_path, draft_tree, tree_attention_mask, tree_seen_slots
-from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q
+from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q, verify_tree_wor
 
 
 def target_only_width(shape: DraftShape, dtype: torch.dtype, rows_alike: bool = False) -> int:
@@ -155,7 +155,7 @@ class TreeBuffers:
     draft_logq: torch.Tensor  # [W] float32: log q of each node's token at its parent
     q_row: torch.Tensor  # [W] int64: the row of q each node was drawn from (sampled drafts)
     q: torch.Tensor | None  # [R, V] float32: the drafter's q over the target vocabulary (sampled drafts)
-    uniforms: torch.Tensor | None  # [D, K*K] float32: the draws of sampled drafts, made before the step
+    uniforms: torch.Tensor | None  # the draws of sampled drafts, made before the step: [D, K*K] float32 (i.i.d.), [D, K, Vd] (wor)
     temperature: torch.Tensor  # [1] float32: the request's, for sampled drafts' q (a buffer: graphs replay any)
     draft_to_target: torch.Tensor  # [Vd] int64: target id of every draft id
 
@@ -366,7 +366,8 @@ class Engine:
                 parents=zeros(w), depths=zeros(w),
                 draft_logq=zeros(w, dtype=torch.float32), q_row=zeros(w),
                 q=zeros(r, t.config.vocab_size, dtype=torch.float32) if shape.sampled else None,
-                uniforms=zeros(k, shape.topk ** 2, dtype=torch.float32) if shape.sampled else None,
+                uniforms=(zeros(*((k, shape.topk, vd) if shape.without_replacement else (k, shape.topk ** 2)),
+                                dtype=torch.float32) if shape.sampled else None),
                 temperature=torch.ones(1, device=dev),
                 draft_to_target=self.drafter.to_target(torch.arange(vd, device=dev)))
         self._buffers[shape] = b
@@ -619,8 +620,9 @@ class Engine:
         if params.greedy:
             n, path, out = verify_tree_greedy(tokens, tb.parents, tb.depths, logits[0], D)
         elif shape.sampled:
-            n, path, out = verify_tree_q(tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D, generator,
-                                         max_children=shape.topk)
+            rule = verify_tree_wor if shape.without_replacement else verify_tree_q
+            n, path, out = rule(tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D, generator,
+                                max_children=shape.topk)
         else:
             n, path, out = verify_tree_pointmass(tokens, tb.parents, tb.depths, shown.probs, D, generator)
         rows = torch.cat((path.new_zeros(1), path))  # [D+1] the root, then the path's nodes

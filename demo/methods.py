@@ -25,8 +25,12 @@ COMPILE_SCOPES = ("drafter", "all")  # --compile: all but the target's forward (
 # How drafts are drawn at T > 0 (at T = 0 they are always the drafter's top choices):
 # "pointmass": the drafter's top choices, each accepted with the target's probability p(x), siblings
 #   of a tree tried in turn (EAGLE's rule); "q": drawn from the drafter's distribution q, accepted
-#   with min(1, p/q) (speculative sampling; SpecInfer's rule on trees). Both keep the target's distribution.
-DRAFT_SAMPLING = ("pointmass", "q")
+#   with min(1, p/q) (speculative sampling; SpecInfer's rule on trees); "wor": a node's children drawn
+#   from q without replacement (distinct tokens), each accepted with min(1, p/q) against what the
+#   earlier rejections left of both p and q (recursive rejection sampling, Jeon et al. 2024). All three
+#   keep the target's distribution (demo/tree_verify.py).
+DRAFT_SAMPLING = ("pointmass", "q", "wor")
+SAMPLED_DRAFTS = ("q", "wor")  # the rules whose drafts are draws from q rather than its top choices
 
 # k, draft tokens per step. The engine takes up to MAX_SPEC_TOKENS (deeper chains accept almost
 # nothing more); the app offers up to APP_MAX_SPEC_TOKENS, as many as its depth colours tell apart.

@@ -21,9 +21,18 @@ tokens verified per step, the root included (``--speculative-num-draft-tokens``)
    The rules of demo/tree_verify.py pick the accepted path; the engine then moves the path's target
    K/V to the slots right after the root (``compact_path``).
 
-Sampled drafts (``sampled``: the q rule at T > 0): children are drawn i.i.d. from the drafter's q
-at the target's temperature, by inverse CDF on uniforms drawn before the step, and every candidate
-is verified (no pruning: SpecInfer's rule is exact only when a node's children are i.i.d. draws).
+Sampled drafts (``sampled``: the q and wor rules at T > 0): children are drawn from the drafter's q
+at the target's temperature, on uniforms drawn before the step: i.i.d. by inverse CDF (q), or without
+replacement by the Gumbel-top-k trick (wor: the K largest of log q + Gumbel noise, largest first, are
+K draws in turn without replacement). Their rules are exact only if the children a node keeps are
+the first of its draws, however many, and how many is decided without looking at them. So a sampled
+node is scored as the drafter's top choice of the same rank would be (its parent's score plus the
+r-th largest log q at the parent), never by its own token: a parent scores at least its children,
+an earlier draw at least a later one, and the frontier and the pruning both rank candidates as a
+stable sort does (``best_in_order``). Then whether a candidate is kept depends only on candidates
+ranked before it, none of them itself, its later siblings or anything below them (a best-first
+search over the same scores, which looks at each draw only after keeping it, keeps the same set),
+and a tree pruned to num_draft_tokens stays exact.
 
 A chain is a tree with topk = 1; ``DraftShape`` says which machinery a step runs. Every function
 here runs on the device over static shapes without host syncs, so it is captured as it stands.
@@ -80,36 +89,44 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
     its hidden output there; draft_position: [] int64, the drafter position of the depth-1 rows
     (committed drafter rows are the slots before it); scratch_base: the first scratch slot (the
     drafter attends over the slots below scratch_base + (depth - 1) * topk, its scratch included);
-    uniforms: [D, K*K] in [0, 1) and temperature: [1], for sampled drafts (row 0 uses its first K
-    uniforms; q is the drafter's softmax at the target's temperature)."""
+    uniforms in [0, 1): [D, K*K] for i.i.d. draws, [D, K, Vd] for draws without replacement (depth 1
+    uses the first row's first K, or its first row), and temperature: [1], for sampled drafts (q is
+    the drafter's softmax at the target's temperature)."""
     D, K = shape.depth, shape.topk
     dev = root_logits.device
     cand_ids, cand_score, cand_logq, cand_parent, cand_qrow, cand_depth = [], [], [], [], [], []  # per depth
     q_rows = []  # [Vd] drafter distributions of expanded nodes (sampled drafts)
 
-    def children(logits: torch.Tensor, u: torch.Tensor | None):
-        """logits [F, Vd] -> (ids [F, K] draft ids, log q [F, K]): top-k, or k i.i.d. draws from q."""
+    def children(logits: torch.Tensor, d: int):
+        """logits [F, Vd] at depth d -> (ids [F, K] draft ids, log q [F, K] of each, score [F, K]):
+        the top k (scored by their log q), or k draws from q (scored by the k largest log q)."""
         if not shape.sampled:  # log q of the k largest logits: no [F, Vd] log-softmax written, and on
             # a GPU the logsumexp taken in the top-k's own two launches
             logq, ids = row_topk(logits, K, log_probs=True)
-            return ids, logq
-        q = torch.softmax(logits.float() / temperature, dim=-1)  # [F, Vd]
+            return ids, logq, logq
+        F = logits.shape[0]
+        x = logits.float() / temperature  # [F, Vd]
+        q = torch.softmax(x, dim=-1)  # [F, Vd]
         q_rows.append(q)
-        cdf = q.cumsum(-1)  # [F, Vd]
-        ids = torch.searchsorted(cdf, u.view(q.shape[0], K) * cdf[:, -1:], right=True)  # [F, K]
-        ids = ids.clamp(max=q.shape[-1] - 1)
-        return ids, q.gather(1, ids).clamp(min=1e-30).log()
+        if shape.without_replacement:  # Gumbel-top-k: x - log(-log u) is log q + Gumbel noise, up to a constant
+            ids = row_topk(x - (-uniforms[d, :F].log()).log(), K)[1]  # [F, K] distinct, in draw order
+        else:
+            cdf = q.cumsum(-1)  # [F, Vd]
+            ids = torch.searchsorted(cdf, uniforms[d, :F * K].view(F, K) * cdf[:, -1:], right=True)  # [F, K]
+            ids = ids.clamp(max=q.shape[-1] - 1)
+        score = row_topk(x, K, log_probs=True)[0]  # [F, K] the r-th draw scored as the r-th top choice
+        return ids, q.gather(1, ids).clamp(min=1e-30).log(), score
 
-    ids, logq = children(root_logits.view(1, -1), uniforms[0, :K] if shape.sampled else None)  # [1, K]
+    ids, logq, score = children(root_logits.view(1, -1), 0)  # [1, K]
     cand_ids.append(ids.view(K))
     cand_logq.append(logq.view(K))
-    cand_score.append(logq.view(K))
+    cand_score.append(score.view(K))
     cand_parent.append(torch.full((K,), -1, dtype=torch.int64, device=dev))
     cand_qrow.append(torch.zeros(K, dtype=torch.int64, device=dev))
     cand_depth.append(torch.ones(K, dtype=torch.int64, device=dev))
     frontier = torch.arange(K, device=dev)  # [K] candidate index of each frontier node
     f_ids = ids.view(K)  # [K] its draft id
-    f_score = logq.view(K)  # [K]
+    f_score = score.view(K)  # [K]
     f_hidden = root_hidden.reshape(1, -1).expand(K, -1)  # [K, Hd] drafter input of each frontier row
     capacity = scratch_base + (D - 1) * K  # the drafter slots attended over
     slot_ids = torch.arange(capacity, device=dev)  # [S]
@@ -122,16 +139,16 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         mask = ((slot_ids < draft_position)[None, :] | f_seen).view(1, 1, K, capacity)  # [1, 1, K, S]
         logits, hidden = drafter.forward(tokens, positions, f_hidden.reshape(1, K, -1), slots=slots, mask=mask,
                                          attend=capacity)
-        ids, logq = children(logits[0], uniforms[d].view(K, K) if shape.sampled else None)  # [K, K] each
-        scores = (f_score[:, None] + logq).view(K * K)  # [K*K] cumulative log q
+        ids, logq, score = children(logits[0], d)  # [K, K] each
+        scores = (f_score[:, None] + score).view(K * K)  # [K*K] cumulative log q (by rank if sampled)
         cand_ids.append(ids.view(K * K))
         cand_logq.append(logq.view(K * K))
         cand_score.append(scores)
         cand_parent.append(frontier.repeat_interleave(K))
         cand_qrow.append((1 + (d - 1) * K + torch.arange(K, device=dev)).repeat_interleave(K))
         cand_depth.append(torch.full((K * K,), d + 1, dtype=torch.int64, device=dev))
-        if d < D - 1:  # the next frontier: the k best children
-            best = row_topk(scores.view(1, K * K), K)[1].view(K)  # [K]
+        if d < D - 1:  # the next frontier: the k best children (sampled: ties to the first, as the pruning)
+            best = best_in_order(scores, K) if shape.sampled else row_topk(scores.view(1, K * K), K)[1].view(K)  # [K]
             parent = best // K  # [K] which frontier row each came from
             frontier = start + best
             f_ids = ids.view(K * K)[best]
@@ -145,8 +162,8 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         keep = best_in_order(scores, shape.nodes)  # [N]
     else:
         keep = torch.arange(shape.candidates, device=dev)
-    node_of = torch.zeros(shape.candidates + 1, dtype=torch.int64, device=dev)  # candidate + 1 -> node
-    node_of[keep + 1] = torch.arange(1, shape.nodes + 1, device=dev)
+    node_of = torch.zeros(shape.candidates + 1, dtype=torch.int64, device=dev).scatter(  # candidate + 1 -> node
+        0, keep + 1, torch.arange(1, shape.nodes + 1, device=dev))  # (out of place: torch.vmap maps it over draws)
     zero = torch.zeros(1, dtype=torch.int64, device=dev)
     parents = torch.cat((zero, node_of[torch.cat(cand_parent)[keep] + 1]))  # [N+1]
     depths = torch.cat((zero, torch.cat(cand_depth)[keep]))  # [N+1]
@@ -174,7 +191,7 @@ def best_in_order(scores: torch.Tensor, n: int) -> torch.Tensor:
     before = (other > this) | ((other == this) & (at[None, :] < at[:, None]))  # [M, M]: j sorts before i
     kept = before.sum(1) < n  # [M]
     place = torch.where(kept, kept.cumsum(0) - 1, n)  # [M] its place among the kept; n: dropped
-    return torch.zeros(n + 1, dtype=torch.int64, device=scores.device).scatter_(0, place, at)[:n]
+    return torch.zeros(n + 1, dtype=torch.int64, device=scores.device).scatter(0, place, at)[:n]
 
 
 def ancestors(parents: torch.Tensor, depth: int) -> torch.Tensor:

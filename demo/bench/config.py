@@ -84,7 +84,7 @@ class BenchConfig:
     @property
     def shape(self) -> DraftShape:
         """What each step drafts: a chain of k, a tree of depth k, or nothing."""
-        return DraftShape.of(self.k, self.tree, sampled=self.draft_sampling == "q" and self.temperature > 0)
+        return DraftShape.drawn(self.k, self.tree, self.draft_sampling, self.temperature)
 
     @property
     def width(self) -> int:

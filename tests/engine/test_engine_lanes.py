@@ -68,7 +68,7 @@ def _run(engine, gen):
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
-@pytest.mark.parametrize("rule", ["greedy", "pointmass", "q"])
+@pytest.mark.parametrize("rule", ["greedy", "pointmass", "q", "wor"])
 def test_running_the_next_step_ahead_gives_eagers_tokens(graph_mode, tree, rule):
     target = Target(tiny_hf("llama"))
     drafter = tiny_drafter("eagle3", target)

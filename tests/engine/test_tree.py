@@ -208,6 +208,10 @@ def test_a_tree_shape_that_cannot_be_drafted_is_refused():
         DraftShape.of(3, TreeShape(2, 20), False).check()  # 2 + 2*4 = 10 candidates, 19 asked
     with pytest.raises(ValueError, match="top-k"):
         DraftShape.of(3, TreeShape(MAX_TREE_TOPK + 1, 64), False).check()
+    # every node of a sampled tree of depth 7 x top-8 is 393 tokens: the refusal names the flag and the most
+    with pytest.raises(ValueError, match=r"not 393: .*num_draft_tokens \(--num-draft-tokens\) 256 or less"):
+        DraftShape.drawn(7, TreeShape(8, 0), "q", temperature=1.0).check()
+    DraftShape.drawn(7, TreeShape(8, 64), "q", temperature=1.0).check()  # the default tree's 64, sampled
     hf = tiny_hf("llama")
     target = Target(hf)
     engine = Engine(target, tiny_drafter("eagle", target), max_context=64)
@@ -216,12 +220,14 @@ def test_a_tree_shape_that_cannot_be_drafted_is_refused():
                                                                    tree=TreeShape(3, 13))))
 
 
-def test_sampled_drafts_are_draws_from_q_and_the_tree_keeps_every_candidate():
+@pytest.mark.parametrize("draft_sampling", ["q", "wor"])
+def test_sampled_drafts_are_draws_from_q_in_a_tree_of_num_draft_tokens(draft_sampling):
     hf = tiny_hf("llama")
     target = Target(hf)
     engine = Engine(target, tiny_drafter("eagle", target), max_context=96)
-    shape = DraftShape.of(3, TreeShape(2, 5), sampled=True)
-    assert shape.nodes == shape.candidates == 2 + 2 * 4
+    shape = DraftShape.drawn(3, TreeShape(3, 8), draft_sampling, temperature=1.0)
+    assert shape.nodes == 7 < shape.candidates and shape.without_replacement == (draft_sampling == "wor")
+    assert DraftShape.drawn(3, TreeShape(3, 0), draft_sampling, temperature=1.0).nodes == 3 + 2 * 9  # 0: every node
     b = engine.prepare(shape)
     with torch.inference_mode():
         engine._prefill(b, PROMPT, GenerationConfig(temperature=1.0).sampling, torch.Generator().manual_seed(0))
@@ -229,8 +235,12 @@ def test_sampled_drafts_are_draws_from_q_and_the_tree_keeps_every_candidate():
         engine._propose(b)
     q = b.tree.q  # [R, V] rows are distributions over the target vocabulary
     assert torch.allclose(q.sum(-1), torch.ones(q.shape[0]))
-    tokens, rows = b.verify_tokens[0], b.tree.q_row
+    tokens, rows, parents, depths = b.verify_tokens[0], b.tree.q_row, b.tree.parents, b.tree.depths
     assert (q[rows[1:], tokens[1:]] > 0).all()  # every draft was a possible draw of its parent's q
+    assert torch.equal(depths[1:], depths[parents[1:]] + 1)  # every kept node's parent is kept
+    if draft_sampling == "wor":  # siblings drawn without replacement are distinct tokens
+        pairs = {(p, t) for p, t in zip(parents[1:].tolist(), tokens[1:].tolist())}
+        assert len(pairs) == shape.nodes
 
 
 def _first_two_tokens(engine, prompt, runs, **gen):

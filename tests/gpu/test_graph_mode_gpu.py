@@ -38,7 +38,7 @@ def test_cudagraph_output_is_token_identical_to_eager(method, k, tree, dtype, mo
     for mode in ("eager", "cudagraph"):
         engine = Engine(target, make_drafter(method, target, PROMPT + ref), mode=mode, max_context=128)
         outs[mode] = reply_tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=k, tree=tree, stop_token_ids=())
-        for rule in ("pointmass", "q") if method != "none" else ("pointmass",):
+        for rule in ("pointmass", "q", "wor") if method != "none" else ("pointmass",):
             outs[f"{mode}-{rule}"] = reply_tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=k, tree=tree,
                                                   temperature=0.9, top_p=0.95, seed=3, draft_sampling=rule,
                                                   stop_token_ids=())
