@@ -50,7 +50,12 @@ def parser() -> argparse.ArgumentParser:
                         "--speculative-num-draft-tokens); 0: every drafted node")
     m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default="pointmass",
                    help="T > 0: 'pointmass' drafts the drafter's top choices, accepted with p (siblings in turn); "
-                        "'q' draws drafts from the drafter's q, accepted with min(1, p/q)")
+                        "'q' draws drafts from the drafter's q, accepted with min(1, p/q); 'wor' draws a node's "
+                        "children from q without replacement, each accepted with min(1, p/q) against what the "
+                        "earlier rejections left of p and q")
+    m.add_argument("--ceiling", action="store_true",
+                   help="draft with the target itself (q = p): what each rule accepts with a perfect drafter, the "
+                        "ceiling a drafter's acceptance is a share of (demo/bench/ceiling.py)")
     e = p.add_argument_group("engine")
     e.add_argument("--mode", choices=MODES, default="eager")
     e.add_argument("--compile", nargs="?", const="drafter", default=None, choices=COMPILE_SCOPES,

@@ -47,6 +47,7 @@ class BenchConfig:
     tree_topk: int | None = None  # a tree: children per node (None: a chain)
     num_draft_tokens: int = 0  # a tree's tokens verified per step, the root included (0: every node)
     draft_sampling: str = "pointmass"
+    ceiling: bool = False  # draft with the target itself (q = p): each rule's acceptance with a perfect drafter
     # engine
     mode: str = "eager"
     compile: str | None = None  # None, "drafter" or "all" (cudagraph mode)
@@ -112,8 +113,9 @@ class BenchConfig:
                                 seed=self.seed)
 
     def drafter_spec(self) -> str | None:
-        """The drafter to load: `drafter`, else the bundled one of `method` (None for 'none')."""
-        if self.method == "none":
+        """The drafter to load: `drafter`, else the bundled one of `method` (None for 'none', and
+        for the ceiling, whose drafter is the target)."""
+        if self.method == "none" or self.ceiling:
             return None
         if self.drafter:
             return self.drafter
@@ -141,7 +143,10 @@ class BenchConfig:
             raise BenchConfigError(f"--num-spec-tokens must be in 1..{MAX_SPEC_TOKENS}, not {self.num_spec_tokens}")
         if self.method == "none" and self.drafter:
             raise BenchConfigError("--drafter has no use with --method none")
-        if self.method != "none" and self.drafter is None and self.target != "default":
+        if self.ceiling and (self.method == "none" or self.drafter):
+            raise BenchConfigError("--ceiling drafts with the target itself: it needs a drafting --method and no "
+                                   "--drafter")
+        if self.method != "none" and self.drafter is None and self.target != "default" and not self.ceiling:
             raise BenchConfigError(f"--drafter is required for target {self.target!r}: the bundled drafters fit the "
                                    "default target only")
         if self.method == "none" and (self.tree_topk or self.num_draft_tokens):

@@ -47,6 +47,10 @@ def build_engine(config: BenchConfig):
         drafter = load_drafter(spec, target, method=config.method, hot_tokens=config.hot_tokens)
         for warning in drafter.cfg.warnings:
             print(f"warning: {warning}", file=sys.stderr)
+    elif config.ceiling:
+        from demo.bench.ceiling import TargetDrafter
+
+        drafter = TargetDrafter(target)
     engine = Engine(target, drafter, mode=config.mode, compile=config.compile, max_context=config.max_context,
                     drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target),
                     drafter_int8=chosen_drafter_int8(config.drafter_dtype, target))
@@ -249,7 +253,8 @@ def describe_config(config: BenchConfig, engine) -> dict:
 
     dev = engine.device
     return {"target": config.target, "target_name": DEFAULT_TARGET_NAME if config.target == "default" else config.target,
-            "drafter": config.drafter_spec(), "method": config.method,
+            "drafter": "the target itself (ceiling)" if config.ceiling else config.drafter_spec(),
+            "method": config.method, "ceiling": config.ceiling,
             "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
             "k": config.k, "shape": asdict(config.shape),
             "draft_sampling": config.draft_sampling, "mode": config.mode, "compile": config.compile or False,

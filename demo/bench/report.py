@@ -11,14 +11,15 @@ from demo.methods import mode_label
 
 
 def shape_label(config: dict) -> str:
-    """"k=7", or "tree depth 6 x top-8, 64 tokens verified per step" (with "drafts sampled from q")."""
+    """"k=7", or "tree depth 6 x top-8, 64 tokens verified per step" (with "drafts sampled from q", and
+    "without replacement")."""
     shape = config.get("shape") or {}
     if not shape.get("tree"):
         label = f"k={config['k']}"
     else:
         label = f"tree depth {shape['depth']} x top-{shape['topk']}, {shape['nodes'] + 1} tokens verified per step"
     if shape.get("sampled"):
-        label += ", drafts sampled from q"
+        label += ", drafts sampled from q" + (" without replacement" if shape.get("without_replacement") else "")
     return label
 
 
@@ -57,9 +58,13 @@ def format_report(report: dict) -> str:
     lines = [f"target {c['target_name']}{drafter}, method {c['method']}, {shape_label(c)}, {mode}, "
              f"{c['device']} {c['dtype']}" + (f" ({c['gpu']}, kernels {c.get('kernels', DEFAULT_KERNELS)})"
                                                if c["gpu"] else ""),
-             f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}",
+             f"{t['num_prompts']} prompts, max_new_tokens {c['max_new_tokens']}, temperature {c['temperature']}"
+             + (f", draft sampling {c['draft_sampling']}" if c["temperature"] > 0 else ""),
              f"warm-up: {c['warmup']} generation(s) in {t['warmup_s']:.2f} s "
              f"(graph capture/compile {t['capture_s']:.2f} s), not counted"]
+    if c.get("ceiling"):
+        lines.append("ceiling: the target drafts for itself (q = p), so this is what the rule accepts with a perfect "
+                     "drafter; a drafter's mean acceptance length over this one is its share of the ceiling")
     if "lossless" in t:
         ll = t["lossless"]
         if ll["first_divergence"] is None:
