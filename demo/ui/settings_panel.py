@@ -20,6 +20,7 @@ from demo.ui.html.render import render_legend, status_html
 DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
     ("pointmass: top choices, accepted with p", "pointmass"),
     ("q: drawn from q, accepted with min(1, p/q)", "q"),
+    ("wor: drawn from q without replacement, each tried against what the rejections left", "wor"),
 ]
 # At phone width (Gradio's sidebar turns full-screen at 768 px) the settings start closed, so the
 # title, the prompt and the text come first; "Settings" opens them.

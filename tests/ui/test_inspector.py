@@ -11,6 +11,7 @@ from demo.ui.html.inspector import (
     HINT,
     POINTMASS,
     Q,
+    WOR,
     acceptance_rule,
     positions,
     rejected_ids,
@@ -95,6 +96,7 @@ def test_the_rule_comes_from_the_runs_temperature_and_draft_sampling():
     assert acceptance_rule({"temperature": 0.0, "draft_sampling": "q"}) == GREEDY
     assert acceptance_rule({"temperature": 0.8, "draft_sampling": "pointmass"}) == POINTMASS
     assert acceptance_rule({"temperature": 0.8, "draft_sampling": "q"}) == Q
+    assert acceptance_rule({"temperature": 0.8, "draft_sampling": "wor"}) == WOR
     assert acceptance_rule({}) == GREEDY
 
 

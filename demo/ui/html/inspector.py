@@ -15,6 +15,8 @@ demo/tree_verify.py (trees):
   p(x); a tree's siblings are tried in turn, each with p(x) / (1 - p of the siblings tried before).
 - q (T > 0, drafts drawn from the drafter's q): accepted with probability min(1, p(x) / q(x)); a
   tree's later siblings are tested against the residual the earlier rejections left.
+- wor (T > 0, a node's drafts drawn from q without replacement): as q, but each rejection also
+  takes the rejected draft out of q, and later siblings are tested against what is left of both.
 
 The rejected draft of a step, the one the conversation strikes through: for a chain, the drafts after
 the accepted ones (the first was rejected, the rest were discarded with it); for a tree, the
@@ -31,7 +33,7 @@ from demo.service.chat import RunTrace, StepRecord
 from demo.tree import DraftTree
 from demo.ui.html.render import escape
 
-GREEDY, POINTMASS, Q = "greedy", "pointmass", "q"
+GREEDY, POINTMASS, Q, WOR = "greedy", "pointmass", "q", "wor"
 RULES = {
     GREEDY: "T = 0: a draft is accepted when it is the target's most likely token (its argmax) at that "
     "position; at the first mismatch the target's own argmax takes its place.",
@@ -40,16 +42,21 @@ RULES = {
     "draws its own token from p with the rejected drafts removed.",
     Q: "T > 0, drafts drawn from the drafter's q: a draft x is accepted with probability min(1, p(x) / q(x)); "
     "after a rejection the target draws its own token from the residual max(p − q, 0).",
+    WOR: "T > 0, a node's drafts drawn from the drafter's q without replacement (distinct tokens): a draft x is "
+    "accepted with probability min(1, p(x) / q(x)); after a rejection p becomes the residual max(p − q, 0) and q "
+    "loses the rejected draft, both renormalised, and the next sibling is tested against them; when all fail the "
+    "target draws its own token from what is left of p.",
 }
 TOKEN_CHARS = 24  # a token shows at most this many characters in the inspector
 HINT = "Click or tap a token of the latest reply to inspect its step."
 
 
 def acceptance_rule(settings: dict) -> str:
-    """GREEDY, POINTMASS or Q: how the run's drafts were accepted (RunTrace.settings)."""
+    """GREEDY, POINTMASS, Q or WOR: how the run's drafts were accepted (RunTrace.settings)."""
     if float(settings.get("temperature", 0.0)) <= 0.0:
         return GREEDY
-    return Q if settings.get("draft_sampling") == "q" else POINTMASS
+    rule = settings.get("draft_sampling")
+    return rule if rule in (Q, WOR) else POINTMASS
 
 
 def children(tree: DraftTree, node: int) -> list[int]:
@@ -123,6 +130,8 @@ def _own_token_how(record: StepRecord, rule: str, rejected: bool) -> str:
     if rejected or record.resampled:
         return ("the target's own token, resampled: drawn from what is left of p once the rejected drafts are "
                 "removed" if rule == POINTMASS else
+                "the target's own token, resampled: drawn from what the rejections left of p (max(p − q, 0), "
+                "with q losing each rejected draft)" if rule == WOR else
                 "the target's own token, resampled: drawn from the residual max(p − q, 0)")
     return "the target's own token (bonus): drawn from p after the last accepted draft"
 
@@ -151,6 +160,8 @@ def _verdicts(tree: DraftTree, nodes: list[int], accepted: int | None, rule: str
                        f"accept with p(x) / (1 − p of the siblings tried) = {p:.3f} / {left:.3f} = {chance:.3f}")
             elif i == 0 and q:
                 how = f"accept with min(1, p/q) = min(1, {p:.3f} / {q:.3f}) = {min(1.0, p / q):.3f}"
+            elif rule == WOR:
+                how = "tested with min(1, p/q) against what the earlier rejections left of p and of q"
             else:
                 how = "tested with min(1, p/q) against the residual the earlier siblings left"
             why = how + (" → accepted" if status == "accepted" else " → rejected")
