@@ -140,6 +140,12 @@ def load_saved_weights(drafter, init) -> None:
     """Load a saved drafter's weights into `drafter` (same architecture, key for key), its MLP
     widened first when `drafter`'s is wider."""
     saved = {k: v.float() if v.is_floating_point() else v for k, v in init.state_dict().items()}
+    if "fc.bias" in saved and getattr(getattr(drafter, "fc", None), "bias", None) is None:
+        # the shipped EAGLE-1 carries a zero fc.bias for SGLang (demo/models/checkpoints.zero_fc_bias),
+        # which computes nothing; a bias that is not zero would change the head, so it is refused
+        if saved["fc.bias"].any():
+            raise ValueError("the saved drafter's fc has a nonzero bias, which this drafter's fc has not")
+        del saved["fc.bias"]
     if drafter.cfg.intermediate_size > init.cfg.intermediate_size:
         added = widen_mlp(saved, drafter)
         print(f"MLP widened from {init.cfg.intermediate_size} to {drafter.cfg.intermediate_size} units ({added} new, "
