@@ -17,15 +17,13 @@ the logits [T, draft vocabulary].
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accounting import left_at_init, poison, unfound  # noqa: E402
+from accounting import checkpoint_tensors, left_at_init, poison, run_cases, unfound  # noqa: E402
 
 from specforge.modeling.auto import AutoDraftModel  # noqa: E402
 from specforge.training.model_loading import load_draft_config_source, warm_start_draft_model  # noqa: E402
@@ -48,23 +46,13 @@ def run_case(case: dict, out: Path) -> dict:
         x = model.backbone(embeds, hidden, None, mask, f["positions"][None], use_cache=False)
         logits = model.compute_logits(x)[0]  # [T, Vd]
     torch.save(logits, out / f"{case['name']}.pt")
-    checkpoint = {}
-    for file in sorted(Path(case["drafter"]).glob("*.safetensors")):
-        checkpoint.update(load_file(str(file)))
+    checkpoint = checkpoint_tensors(case["drafter"])
     state = dict(model.named_parameters()) | dict(model.named_buffers())
     return {"cls": type(model).__name__, "loaded_keys": report.loaded_keys, "missing_keys": list(report.missing_keys),
             "left_at_init": left_at_init(model), "unfound": unfound(checkpoint, state)}
 
 
-def main(cases_file: str, out_dir: str) -> None:
-    out = Path(out_dir)
-    for case in json.loads(Path(cases_file).read_text()):
-        try:
-            report = run_case(case, out)
-        except Exception as e:  # reported per case: a refusal is a result
-            report = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-        (out / f"{case['name']}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    run_cases(run_case, *sys.argv[1:])

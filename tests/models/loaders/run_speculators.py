@@ -19,39 +19,23 @@ import json
 import sys
 from pathlib import Path
 
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accounting import unfound  # noqa: E402
+from accounting import checkpoint_tensors, run_cases, unfound  # noqa: E402
 
 from speculators.convert.eagle.eagle3_converter import Eagle3Converter  # noqa: E402
-
-
-def tensors(d: Path) -> dict:
-    out = {}
-    for file in sorted(d.glob("*.safetensors")):
-        out.update(load_file(str(file)))
-    return out
 
 
 def run_case(case: dict, out: Path) -> dict:
     converted = out / case["name"]
     Eagle3Converter().convert(case["drafter"], converted, base_model=case["target"], validate=True,
                               **case.get("kwargs", {}))
-    given, made = tensors(Path(case["drafter"])), tensors(converted)
+    given, made = checkpoint_tensors(case["drafter"]), checkpoint_tensors(converted)
     return {"dropped": unfound(given, made), "made_up": unfound(made, given),
             "config": json.loads((converted / "config.json").read_text())}
 
 
-def main(cases_file: str, out_dir: str) -> None:
-    out = Path(out_dir)
-    for case in json.loads(Path(cases_file).read_text()):
-        try:
-            report = run_case(case, out)
-        except Exception as e:  # reported per case: a refusal is a result
-            report = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-        (out / f"{case['name']}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    run_cases(run_case, *sys.argv[1:])

@@ -19,17 +19,15 @@ tensors found nowhere in the module, and OUT_DIR/NAME.pt its logits [T, V] (or "
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from accounting import left_at_init, poison, unfound  # noqa: E402
+from accounting import checkpoint_tensors, left_at_init, poison, run_cases, unfound  # noqa: E402
 
 torch.accelerator.empty_cache = lambda: None  # no accelerator here; vLLM calls it after loading
 
@@ -104,9 +102,7 @@ def run_case(case: dict, out: Path, state: dict) -> dict:
                 hidden = drafter.combine_hidden_states(hidden)  # fc over the three target streams
             x, _ = drafter(f["tokens"], f["positions"], hidden)
             logits = drafter.compute_logits(x)  # [T, V]
-    checkpoint = {}
-    for file in sorted(Path(case["drafter"]).glob("*.safetensors")):
-        checkpoint.update(load_file(str(file)))
+    checkpoint = checkpoint_tensors(case["drafter"])
     torch.save(logits, out / f"{case['name']}.pt")
     loaded = dict(drafter.named_parameters()) | dict(drafter.named_buffers())
     report.update(cls=type(drafter).__name__, left_at_init=left_at_init(drafter),
@@ -114,15 +110,8 @@ def run_case(case: dict, out: Path, state: dict) -> dict:
     return report
 
 
-def main(cases_file: str, out_dir: str) -> None:
-    out, state = Path(out_dir), {}
-    for case in json.loads(Path(cases_file).read_text()):
-        try:
-            report = run_case(case, out, state)
-        except Exception as e:  # reported per case: one refusal is a result, not a crash
-            report = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-        (out / f"{case['name']}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    state: dict = {}
+    run_cases(lambda case, out: run_case(case, out, state), *sys.argv[1:])
