@@ -113,9 +113,7 @@ def verify_tree_q(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
 
     max_children: a Python int >= the most children of any node (SGLang's topk); the residuals are
     iterated that many times per depth. None: N, always enough."""
-    n_drafts = tokens.shape[0] - 1
-    u = torch.rand(n_drafts, generator=generator, device=probs.device)  # [N] one per draft
-    noise = torch.empty_like(probs[0]).exponential_(generator=generator)  # [V]
+    u, noise = _draws(tokens, probs, generator)
     return tree_q_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children)
 
 
@@ -170,9 +168,7 @@ def verify_tree_wor(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.T
     """tokens, parents, depths, q_row: [N+1] int64; probs: [N+1, V] float32; q: [R, V] float32 ->
     (num_accepted: [], path: [D], out_tokens: [D+1]). Recursive rejection sampling over siblings
     drawn without replacement; max_children as verify_tree_q's."""
-    n_drafts = tokens.shape[0] - 1
-    u = torch.rand(n_drafts, generator=generator, device=probs.device)  # [N] one per draft
-    noise = torch.empty_like(probs[0]).exponential_(generator=generator)  # [V]
+    u, noise = _draws(tokens, probs, generator)
     return tree_wor_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children)
 
 
@@ -242,6 +238,14 @@ def tree_wor_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     token = (final / noise).argmax()  # [] exponential race
     path = torch.stack(path) if path else idx.new_zeros(0)  # [D]
     return num_accepted, path, _emit(tokens, path, num_accepted, token)
+
+
+def _draws(tokens: torch.Tensor, probs: torch.Tensor, generator: torch.Generator | None):
+    """A sampled rule's draws: u [N] uniforms, one per draft, and noise [V] Exp(1) for the
+    exponential race of the target's own token (tokens [N+1], probs [N+1, V])."""
+    u = torch.rand(tokens.shape[0] - 1, generator=generator, device=probs.device)  # [N]
+    noise = torch.empty_like(probs[0]).exponential_(generator=generator)  # [V]
+    return u, noise
 
 
 def _earlier_siblings(parents: torch.Tensor) -> torch.Tensor:
