@@ -107,8 +107,10 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
             chat = session.add_user_turn(values[c.chat], request)
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
+        # the last reply's speedup never stands beside the new prompt, even while the reply waits for
+        # the engine or runs at a slow pace (when the headline moves only at its end)
         return {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
-                c.shown_step: None, c.guide: "",
+                c.headline: render_headline(None), c.shown_step: None, c.guide: "",
                 c.race: render_race_hint(), c.status: status_html("starting…"),
                 c.inspector: render_inspector(None, None, {})}
 
@@ -146,8 +148,8 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
     # would leave a red "Error" badge over the conversation, the prompt box and the status after it fades.
     engine = dict(concurrency_id=ENGINE, show_progress="hidden", **PRIVATE)
     first = dict(fn=user, inputs={c.prompt, c.chat, c.model, *c.settings},
-                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.race, c.status, c.inspector, c.shown_step,
-                          c.guide],
+                 outputs=[c.chat, c.conversation, c.prompt, c.comparison, c.headline, c.race, c.status, c.inspector,
+                          c.shown_step, c.guide],
                  concurrency_id=TURNS, concurrency_limit=TURNS_CONCURRENCY, show_progress="hidden", **PRIVATE)
     then = dict(fn=zerogpu.on_gpu(bot), inputs={c.chat, c.model, c.pace, *c.settings},
                 outputs=[c.chat, c.status, c.comparison, c.race, c.stream, *c.view], **engine)
