@@ -135,14 +135,14 @@ class FeatureOracle(OracleDrafter):
         n = len(sequence)
         target.setup_cache(n)
         with torch.inference_mode():
-            ids = torch.tensor([sequence])
-            features = target.forward(ids, torch.arange(n).view(1, -1)).hidden[0]  # [n, F]: h[i] predicts x[i+1]
+            ids = torch.tensor([sequence], device=target.device)
+            features = target.forward(ids, torch.arange(n, device=target.device).view(1, -1)).hidden[0]  # [n, F]: h[i] predicts x[i+1]
         self.register_buffer("features", features.clone())
         self.register_buffer("keys", nn.functional.normalize(features, dim=-1).clone())
         after_next = sequence[2:] + [0, 0]  # [n]: x[i+2], the draft at h[i]
         if every:
             after_next = [(t + 1) % self.vocab_size if i % every == every - 1 else t for i, t in enumerate(after_next)]
-        self.register_buffer("after_next", torch.tensor(after_next))
+        self.register_buffer("after_next", torch.tensor(after_next, device=target.device))
 
     def forward(self, tokens, positions, hidden, slots=None, mask=None, logits=True, attend=None):
         place = (nn.functional.normalize(hidden.float(), dim=-1) @ self.keys.float().T).argmax(-1)  # [B, q]: nearest h[j]
