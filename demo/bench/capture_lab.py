@@ -8,10 +8,17 @@ named the tensors does not run again. ``CaptureLab`` captures
 
 - with ``mode="cudagraph"`` (a GPU): the engine's real graphs, captured from the lab's step functions
   (the faults are in what they record);
-- otherwise, a CPU stand-in: every step (prefill, propose, verify, accept) runs over the step's
-  buffers as they were bound when the shape was captured (``prepare``), in a copy of that binding
-  of its own, so a tensor a step binds to a name, rather than writes into, is gone by the next step,
-  as after a graph's capture. Without a fault it is eager mode, token for token and count for count.
+- otherwise, a CPU stand-in: every step runs as eager mode does, but over its buffers as a graph
+  would replay them.
+
+Either way every step (prefill, propose, verify, accept) runs over the shape's buffers as they were
+bound when they were allocated (before any capture), in a copy of that binding of its own: a tensor
+a step binds to a name, rather than writes into, is gone by the next step, as after a graph's
+capture, and every graph of a shape is captured over the same binding. A tensor the fault binds is
+allocated with the shape's buffers, never inside a capture: a graph's memory pool is shared by the
+shape's graphs, and a tensor made during one capture and dropped by the next would be handed to
+another graph's scratch while the first still writes it. Without a fault the lab is eager mode,
+token for token and count for count.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ class CaptureLab(Engine):
         included: what an eager test of the faulty code would see."""
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, not {fault!r}")
+        self._captured: dict[DraftShape, StepBuffers] = {}  # each shape's buffers as bound before any capture
+        self._elsewhere: dict[DraftShape, torch.Tensor] = {}  # stale-features: where its catch-up lands
         super().__init__(target, drafter, **engine_args)
         self.fault = fault
         self.stand_in = replay and self.mode != "cudagraph"
         self.captures = self.stand_in or self.mode == "cudagraph"
-        self._captured: dict[DraftShape, StepBuffers] = {}  # the stand-in: each shape's buffers as bound at capture
 
     @classmethod
     def around(cls, engine: Engine, fault: str) -> "CaptureLab":
@@ -54,19 +62,19 @@ class CaptureLab(Engine):
 
     def set_drafter(self, drafter) -> None:
         super().set_drafter(drafter)
-        if hasattr(self, "_captured"):
-            self._captured = {s: b for s, b in self._captured.items() if s.depth == 0}
+        self._captured = {s: b for s, b in self._captured.items() if s.depth == 0}
 
-    # ------------------------------------------------------------------ the CPU stand-in for a graph
-    def prepare(self, shape, used=None) -> StepBuffers:
-        b = super().prepare(shape, used)
-        if self.stand_in:
-            self._captured.setdefault(b.shape, copy.copy(b))  # capture: the step bound to the tensors b holds now
+    # ------------------------------------------------------------------ steps over the captured binding
+    def _allocate(self, shape: DraftShape) -> StepBuffers:
+        b = super()._allocate(shape)
+        self._captured[shape] = copy.copy(b)  # the binding every capture (graph or stand-in) sees
+        if b.catch_features is not None:
+            self._elsewhere[shape] = torch.zeros_like(b.catch_features)
         return b
 
     def _replayed(self, b: StepBuffers) -> StepBuffers:
-        """The buffers a replayed step runs over: those bound at capture, in a copy of its own."""
-        return copy.copy(self._captured[b.shape]) if self.stand_in else b
+        """The buffers a captured step runs over: those bound before capture, in a copy of its own."""
+        return copy.copy(self._captured[b.shape]) if self.captures else b
 
     def _prefill_forward(self, b: StepBuffers, rows: int, attend: int | None = None) -> torch.Tensor:
         return super()._prefill_forward(self._replayed(b), rows, attend)
@@ -80,8 +88,8 @@ class CaptureLab(Engine):
     def _acceptance(self, b: StepBuffers):
         accept = super()._acceptance(b)
         if self.fault == "stale-features":
-            accept = rebinding_features(accept)
-        if not self.stand_in:
+            accept = rebinding_features(accept, self._elsewhere)
+        if not self.captures:
             return accept
         return lambda b, logits, features, params, generator: accept(self._replayed(b), logits, features, params,
                                                                       generator)
@@ -93,11 +101,12 @@ class CaptureLab(Engine):
         super()._chain(b, attend)
 
 
-def rebinding_features(accept):
-    """The stale-features fault around an acceptance test: the step's catch-up features land in a new
-    tensor bound to the name, not in the persistent buffer (what `b.catch_features = features` did)."""
+def rebinding_features(accept, elsewhere: dict):
+    """The stale-features fault around an acceptance test: the step's catch-up features land in another
+    tensor bound to the name (`elsewhere`, the shape's), not in the persistent buffer (what
+    `b.catch_features = features` did). Eagerly the next step reads the name and finds them."""
     def faulted(b: StepBuffers, logits, features, params, generator):
         if b.k:  # target-only steps have no features to keep
-            b.catch_features = torch.empty_like(b.catch_features)  # the fault: rebound, where the engine copies
+            b.catch_features = elsewhere[b.shape]  # the fault: rebound, where the engine copies
         accept(b, logits, features, params, generator)
     return faulted
