@@ -80,6 +80,29 @@ class TreeDraft:
     q: torch.Tensor | None
 
 
+CDF_BLOCK = 256  # inverse_cdf's block: a scan of 256 and one of V / 256, never one of V
+
+
+def inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """q: [F, V] probabilities (rows need not sum to 1), u: [F, K] uniforms in [0, 1) -> [F, K] int64:
+    the token whose cumulative mass first passes u * sum(q), one draw of q per uniform.
+
+    The cumulative sum is taken in two levels (within blocks of CDF_BLOCK tokens, then over the
+    blocks' totals) and searched block first: the same inverse CDF, but no scan over the whole
+    vocabulary, which inductor (torch 2.11) splits and then fails to generate code for on a GPU."""
+    F, V = q.shape
+    pad = (-V) % CDF_BLOCK
+    within = torch.nn.functional.pad(q, (0, pad)).view(F, -1, CDF_BLOCK).cumsum(-1)  # [F, nb, B]
+    totals = within[..., -1].cumsum(-1)  # [F, nb] mass up to each block's end
+    nb = totals.shape[-1]
+    mass = u * totals[:, -1:]  # [F, K]
+    block = torch.searchsorted(totals, mass, right=True).clamp(max=nb - 1)  # [F, K]
+    before = torch.where(block > 0, totals.gather(1, (block - 1).clamp(min=0)), 0.0)  # [F, K] mass before it
+    rows = within.gather(1, block[..., None].expand(-1, -1, CDF_BLOCK))  # [F, K, B] its running mass
+    at = torch.searchsorted(rows, (mass - before)[..., None], right=True).squeeze(-1)  # [F, K]
+    return (block * CDF_BLOCK + at.clamp(max=CDF_BLOCK - 1)).clamp(max=V - 1)
+
+
 def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits: torch.Tensor,
                root_hidden: torch.Tensor, draft_position: torch.Tensor, scratch_base: int,
                uniforms: torch.Tensor | None = None, temperature: torch.Tensor | None = None) -> TreeDraft:
@@ -111,9 +134,7 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         if shape.without_replacement:  # Gumbel-top-k: x - log(-log u) is log q + Gumbel noise, up to a constant
             ids = row_topk(x - (-uniforms[d, :F].log()).log(), K)[1]  # [F, K] distinct, in draw order
         else:
-            cdf = q.cumsum(-1)  # [F, Vd]
-            ids = torch.searchsorted(cdf, uniforms[d, :F * K].view(F, K) * cdf[:, -1:], right=True)  # [F, K]
-            ids = ids.clamp(max=q.shape[-1] - 1)
+            ids = inverse_cdf(q, uniforms[d, :F * K].view(F, K))  # [F, K]
         score = row_topk(x, K, log_probs=True)[0]  # [F, K] the r-th draw scored as the r-th top choice
         return ids, q.gather(1, ids).clamp(min=1e-30).log(), score
 
