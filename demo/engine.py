@@ -36,10 +36,10 @@ from demo.config import TREE_SCRATCH, DraftShape, GenerationConfig, SamplingPara
 from demo.kernels.topk import row_topk
 from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
-from demo.sampling import ShownProbs, target_probs, verify_greedy, verify_sampled
+from demo.sampling import CapturedSampling, Draws, ShownProbs, sampled_rule, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from demo.tree import DraftTree, compact_path, draft_tree, tree_attention_mask, tree_seen_slots
-from demo.tree_verify import verify_tree_greedy, verify_tree_pointmass, verify_tree_q, verify_tree_wor
+from demo.tree_verify import tree_pointmass_rule, tree_q_rule, tree_wor_rule, verify_tree_greedy
 
 
 def target_only_width(shape: DraftShape, dtype: torch.dtype, rows_alike: bool = False) -> int:
@@ -103,6 +103,8 @@ class StepBuffers:
     draft_hidden: torch.Tensor  # [1, 1, Hd] its hidden output there
     draft_position: torch.Tensor  # [1, 1] int64: the drafter position of the first draft's row
     result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
+    draws: Draws  # T > 0: the acceptance test's draws, made before the step: u [D] (a chain) or [N], noise [V]
+    temperature: torch.Tensor  # [1] float32: the request's at T > 0 (a buffer: the graphs replay any)
     chain_logits: torch.Tensor | None = None  # [D, Vd]: a chain drafter's logits at each draft position
     prefill_ids: torch.Tensor | None = None  # [1, C] int64: the prompt, padded to its bucket (C: the context)
     prefill_positions: torch.Tensor | None = None  # [1, C] int64: 0..C-1
@@ -124,6 +126,7 @@ class CaptureState:
 
     pool: object  # the shape's CUDA graph memory pool
     accept: Callable  # the (compiled) greedy acceptance test
+    accept_sampled: Callable  # the acceptance test at T > 0, top-p 1 (CapturedSampling), on b.draws
     initial: list  # the state prepare() made (_state_tensors), which every capture starts from
 
 
@@ -135,9 +138,9 @@ class Lane:
     instead of leaving the device idle. Each copy records its own timing events, so reading step s's
     times is not disturbed by step s + 1 recording its own."""
 
-    graphs: dict  # "step" (greedy, acceptance included) and/or "step_sampled" -> CapturedStep
+    graphs: dict  # "step" (greedy, acceptance included) and/or "step_sampled" and "accept_sampled" -> CapturedStep
     marks: tuple  # (start, after propose): recorded inside this lane's graphs
-    end: "torch.cuda.Event"  # after the step (and, at T > 0, the eager acceptance test)
+    end: "torch.cuda.Event"  # after the step (and, at T > 0, its acceptance test)
     copied: "torch.cuda.Event"  # after the packed result reached `host`
     host: torch.Tensor  # pinned host copy of StepBuffers.result
 
@@ -156,7 +159,6 @@ class TreeBuffers:
     q_row: torch.Tensor  # [W] int64: the row of q each node was drawn from (sampled drafts)
     q: torch.Tensor | None  # [R, V] float32: the drafter's q over the target vocabulary (sampled drafts)
     uniforms: torch.Tensor | None  # the draws of sampled drafts, made before the step: [D, K*K] float32 (i.i.d.), [D, K, Vd] (wor)
-    temperature: torch.Tensor  # [1] float32: the request's, for sampled drafts' q (a buffer: graphs replay any)
     draft_to_target: torch.Tensor  # [Vd] int64: target id of every draft id
 
 
@@ -350,6 +352,10 @@ class Engine:
             draft_hidden=zeros(1, 1, hd, dtype=self.drafter_dtype),
             draft_position=zeros(1, 1),
             result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
+            # noise of ones: a capture's runs over them divide by it
+            draws=Draws(zeros(shape.width - 1 if shape.tree else k, dtype=torch.float32),
+                        torch.ones(t.config.vocab_size, device=dev)),
+            temperature=torch.ones(1, device=dev),
             chain_logits=zeros(max(k, 1), vd, dtype=t.dtype),
             prefill_ids=zeros(1, self.max_context),
             prefill_positions=torch.arange(self.max_context, device=dev).view(1, -1),
@@ -368,7 +374,6 @@ class Engine:
                 q=zeros(r, t.config.vocab_size, dtype=torch.float32) if shape.sampled else None,
                 uniforms=(zeros(*((k, shape.topk, vd) if shape.without_replacement else (k, shape.topk ** 2)),
                                 dtype=torch.float32) if shape.sampled else None),
-                temperature=torch.ones(1, device=dev),
                 draft_to_target=self.drafter.to_target(torch.arange(vd, device=dev)))
         self._buffers[shape] = b
         return b
@@ -387,9 +392,9 @@ class Engine:
 
     def _capture(self, b: StepBuffers, buckets: list[int]) -> None:
         """Capture one graph per decoding step and attend bucket (propose, verify and, at T = 0, the
-        acceptance test; "step_sampled" leaves the acceptance test to run eagerly on the request's
-        generator) and, the first time, one prefill graph per prompt bucket. Two timing events
-        recorded inside the step graph split its time into propose and verify."""
+        acceptance test; at T > 0 "step_sampled", then "accept_sampled" over its output, on the draws
+        made before the step) and, the first time, one prefill graph per prompt bucket. Two timing
+        events recorded inside the step graph split its time into propose and verify."""
         first = b.capture is None
         if first:
             # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
@@ -401,8 +406,13 @@ class Engine:
             accept_fn = self._acceptance(b)
             # a capture runs its step three times, and each run moves the positions on: every capture
             # starts from the state prepare() made, or a small bucket's warm-ups would write past its slots
-            b.capture = CaptureState(torch.cuda.graph_pool_handle(), self._maybe_compile(
-                lambda logits, features: accept_fn(b, logits, features, SamplingParams(), None), "accept"),
+            # at T > 0 the acceptance test is captured as it runs eagerly, not compiled: its rules
+            # unroll a loop per depth and child, and an inductor failure there would take graph
+            # mode's T > 0 down with it, where the captured kernels already save the launches
+            b.capture = CaptureState(
+                torch.cuda.graph_pool_handle(),
+                self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams()), "accept"),
+                lambda logits, features: accept_fn(b, logits, features, CapturedSampling(b.temperature)),
                 [t.clone() for t in _state_tensors(b)])
         pool, accept, initial = b.capture.pool, b.capture.accept, b.capture.initial
 
@@ -435,6 +445,9 @@ class Engine:
                 if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
                     graphs["step"] = captured(lambda marks=marks, step=step: step(True, marks))
                 graphs["step_sampled"] = captured(lambda marks=marks, step=step: step(False, marks))
+                # over this lane's verification, which the step graph left in its outputs
+                graphs["accept_sampled"] = captured(
+                    lambda stepped=graphs["step_sampled"]: b.capture.accept_sampled(*stepped.output))
                 lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
                                   torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
                 b.graphs.update({name + bucket + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
@@ -530,7 +543,7 @@ class Engine:
         tb, shape = b.tree, b.shape
         scratch = self.max_context if attend is None else attend
         draft = draft_tree(self.drafter, shape, tb.root_token, b.root_logits.view(-1), b.draft_hidden.view(-1),
-                           b.draft_position.view(()), scratch, tb.uniforms, tb.temperature)
+                           b.draft_position.view(()), scratch, tb.uniforms, b.temperature)
         b.verify_tokens.copy_(draft.tokens.view(1, -1))
         b.verify_positions.copy_((tb.root_slot + draft.depths).view(1, -1))
         tb.verify_slots.copy_((tb.root_slot + torch.arange(shape.width, device=self.device)).view(1, -1))
@@ -563,7 +576,12 @@ class Engine:
             verified[:] = [self._verify_forward(b, attend)]
         fns["verify"] = verify
         accept = self._acceptance(b)
-        fns["accept"] = lambda: accept(b, *verified[-1], params, generator)
+
+        def accept_step():
+            if not params.greedy:
+                b.draws.draw_(generator)
+            accept(b, *verified[-1], params)
+        fns["accept"] = accept_step
         return fns
 
     @staticmethod
@@ -575,8 +593,7 @@ class Engine:
         """The acceptance test of b's shape: a tree's or a chain's."""
         return self._accept_tree if b.tree is not None else self._accept
 
-    def _accept(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
-                generator):
+    def _accept(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams):
         """Chain acceptance test on the device; stages the next step's inputs and the packed result."""
         k = b.k
         logits = logits[:, : k + 1]  # [1, k+1, V]: a padded target-only step's padding rows are dropped
@@ -585,7 +602,7 @@ class Engine:
         if params.greedy:
             n, tokens = verify_greedy(drafts, logits[0])
         else:
-            n, tokens = verify_sampled(drafts, shown.probs, generator)
+            n, tokens = sampled_rule(drafts, shown.probs, b.draws.u, b.draws.noise)
         positions = torch.arange(k + 1, device=drafts.device)  # [k+1]
         token_probs = shown.at(positions, tokens)  # [k+1]
         draft_p = shown.at(positions[:k], drafts)  # [k] p of each draft at its position
@@ -610,8 +627,7 @@ class Engine:
         b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, draft_q, draft_p,
                                    top_ids, top_values, q_ids, q_values))
 
-    def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams,
-                     generator):
+    def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams):
         """Tree acceptance test on the device; moves the accepted path's target K/V next to the root,
         stages the catch-up over the path and the next root, and packs the result."""
         tb, shape, D = b.tree, b.shape, b.k
@@ -620,11 +636,11 @@ class Engine:
         if params.greedy:
             n, path, out = verify_tree_greedy(tokens, tb.parents, tb.depths, logits[0], D)
         elif shape.sampled:
-            rule = verify_tree_wor if shape.without_replacement else verify_tree_q
-            n, path, out = rule(tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D, generator,
-                                max_children=shape.topk)
+            rule = tree_wor_rule if shape.without_replacement else tree_q_rule
+            n, path, out = rule(tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D, b.draws.u,
+                                b.draws.noise, max_children=shape.topk)
         else:
-            n, path, out = verify_tree_pointmass(tokens, tb.parents, tb.depths, shown.probs, D, generator)
+            n, path, out = tree_pointmass_rule(tokens, tb.parents, tb.depths, shown.probs, D, b.draws.u, b.draws.noise)
         rows = torch.cat((path.new_zeros(1), path))  # [D+1] the root, then the path's nodes
         token_probs = shown.at(rows, out)  # [D+1] each emitted token under the target at its parent
         root = tb.root_slot.view(())
@@ -665,8 +681,7 @@ class Engine:
                              f"{shape.width} verified per step = {need} exceeds the context of {self.max_context} tokens")
         params = gen.sampling
         b = self.prepare(shape, need + k)  # the most slots a step attends over (see the loop's bound)
-        if b.tree is not None:
-            b.tree.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
+        b.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)
         generator = None
         if not params.greedy:
@@ -718,14 +733,13 @@ class Engine:
                 draft_ms, verify_ms = current.marks[0].elapsed_time(current.marks[1]), \
                     current.marks[1].elapsed_time(current.end)
             else:
-                if shape.sampled:  # the draws of sampled drafts, made outside any graph
-                    b.tree.uniforms.uniform_(generator=generator)
+                self._draw(b, params, generator)
                 timer.start()
                 if k:
                     self._propose(b, attend)
                 timer.mark()
                 logits, features = self._verify_forward(b, attend)
-                accept(b, logits, features, params, generator)
+                accept(b, logits, features, params)
                 timer.mark()
                 packed = b.result.tolist()  # the one device-to-host sync of this step
                 draft_ms, verify_ms = timer.read()
@@ -752,15 +766,30 @@ class Engine:
                             stats.snapshot(), done, reason, tree if k else None, target_top[: len(emitted)], draft_top)
             clock = time.perf_counter()
 
-    def _launch(self, b: StepBuffers, lane: Lane, params: SamplingParams, generator) -> None:
-        """Queue one whole step on a lane (graph mode), without waiting: the sampled drafts' draws,
-        the step's graph, the acceptance test at T > 0 (eager: it draws from the request's generator),
-        and the copy of the packed result to the lane's pinned host buffer."""
-        if b.shape.sampled:  # the draws of sampled drafts, made outside any graph
+    @staticmethod
+    def _draw(b: StepBuffers, params: SamplingParams, generator) -> None:
+        """A step's draws at T > 0, from the request's generator and outside any graph, in the order
+        eager and graph mode both take them: the sampled drafts' uniforms, then the acceptance
+        test's (Draws)."""
+        if params.greedy:
+            return
+        if b.shape.sampled:
             b.tree.uniforms.uniform_(generator=generator)
-        logits, features = lane.graphs["step" if params.greedy else "step_sampled"]()
-        if not params.greedy:
-            self._acceptance(b)(b, logits, features, params, generator)
+        b.draws.draw_(generator)
+
+    def _launch(self, b: StepBuffers, lane: Lane, params: SamplingParams, generator) -> None:
+        """Queue one whole step on a lane (graph mode), without waiting: the step's draws, its graph
+        (at T > 0 the step's, then its acceptance test's; eagerly at top-p < 1: CapturedSampling),
+        and the copy of the packed result to the lane's pinned host buffer."""
+        self._draw(b, params, generator)
+        if params.greedy:
+            lane.graphs["step"]()
+        else:
+            logits, features = lane.graphs["step_sampled"]()
+            if params.top_p < 1.0:
+                self._acceptance(b)(b, logits, features, params)
+            else:
+                lane.graphs["accept_sampled"]()
         lane.end.record()
         lane.host.copy_(b.result, non_blocking=True)
         lane.copied.record()

@@ -15,6 +15,8 @@ These run on the device without host syncs; the engine reads the results once pe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from demo.config import SamplingParams
@@ -82,9 +84,16 @@ def verify_sampled(drafts: torch.Tensor, probs: torch.Tensor, generator: torch.G
 
     Accept draft i with probability p_i(d_i) until the first rejection at row n; tokens[n] is drawn
     from p_n with d_{n+1} removed (renormalised), or from p_k when all k drafts were accepted."""
+    u = torch.rand(drafts.shape[0], generator=generator, device=probs.device)  # [k]
+    noise = torch.empty_like(probs[0]).exponential_(generator=generator)  # [V]
+    return sampled_rule(drafts, probs, u, noise)
+
+
+def sampled_rule(drafts: torch.Tensor, probs: torch.Tensor, u: torch.Tensor, noise: torch.Tensor):
+    """verify_sampled with its draws given: u [k] uniforms in [0, 1), noise [V] Exp(1) for the
+    exponential race of the target's own token."""
     k = drafts.shape[0]
     rows = torch.arange(k, device=probs.device)
-    u = torch.rand(k, generator=generator, device=probs.device)
     accepted = (u < probs[rows, drafts]).to(torch.int64)
     num_accepted = accepted.cumprod(0).sum()
     residual = probs.index_select(0, num_accepted.view(1)).squeeze(0)  # [V] row n
@@ -92,8 +101,34 @@ def verify_sampled(drafts: torch.Tensor, probs: torch.Tensor, generator: torch.G
         rejected = drafts.index_select(0, num_accepted.clamp(max=k - 1).view(1))  # [1]
         keep = (num_accepted >= k).to(residual.dtype)  # drop the rejected draft only after a rejection
         residual = residual.scatter(0, rejected, residual.index_select(0, rejected) * keep)
-    noise = torch.empty_like(residual).exponential_(generator=generator)
     token = (residual / noise).argmax()  # exponential race: a sample from residual / residual.sum()
     tokens = torch.cat((drafts, drafts.new_zeros(1)))
     tokens = tokens.scatter(0, num_accepted.view(1), token.view(1))
     return num_accepted, tokens
+
+
+@dataclass(frozen=True)
+class CapturedSampling:
+    """T > 0 inside a captured step: the temperature is read from a device scalar that each generation
+    fills, so one graph serves every temperature. Top-p is 1: a request with top_p < 1 runs its
+    acceptance test eagerly after the graph (its sort and scan stay out of the captured step)."""
+
+    temperature: torch.Tensor  # [1] float32, > 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Draws:
+    """A sampled step's acceptance draws, persistent so that a captured step reads them: made from the
+    request's generator before the step (outside any graph), in the order the rules read them, which
+    is the order verify_sampled and the tree rules draw them in: u, one uniform per draft, then Exp(1)
+    noise over the vocabulary for the exponential race of the target's own token. Eager and graph
+    mode so take the same draws from a seed."""
+
+    u: torch.Tensor  # [N] float32
+    noise: torch.Tensor  # [V] float32
+
+    def draw_(self, generator: torch.Generator) -> None:
+        self.u.uniform_(generator=generator)
+        self.noise.exponential_(generator=generator)

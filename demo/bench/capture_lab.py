@@ -91,8 +91,7 @@ class CaptureLab(Engine):
             accept = rebinding_features(accept, self._elsewhere)
         if not self.captures:
             return accept
-        return lambda b, logits, features, params, generator: accept(self._replayed(b), logits, features, params,
-                                                                      generator)
+        return lambda b, logits, features, params: accept(self._replayed(b), logits, features, params)
 
     # ------------------------------------------------------------------ draft-shape
     def _chain(self, b: StepBuffers, attend: int | None = None):
@@ -105,8 +104,8 @@ def rebinding_features(accept, elsewhere: dict):
     """The stale-features fault around an acceptance test: the step's catch-up features land in another
     tensor bound to the name (`elsewhere`, the shape's), not in the persistent buffer (what
     `b.catch_features = features` did). Eagerly the next step reads the name and finds them."""
-    def faulted(b: StepBuffers, logits, features, params, generator):
+    def faulted(b: StepBuffers, logits, features, params):
         if b.k:  # target-only steps have no features to keep
             b.catch_features = elsewhere[b.shape]  # the fault: rebound, where the engine copies
-        accept(b, logits, features, params, generator)
+        accept(b, logits, features, params)
     return faulted

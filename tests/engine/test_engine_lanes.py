@@ -83,6 +83,23 @@ def test_running_the_next_step_ahead_gives_eagers_tokens(graph_mode, tree, rule)
     replays = [lane.graphs[name].replays for lane in lanes]
     assert replays[0] >= 1 and replays[1] >= 1  # the steps alternated between the lanes
     assert sum(replays) == len(events) - 1  # no stop token: no step was wasted
+    if rule != "greedy":  # at T > 0 the acceptance test is captured too, and ran after each step
+        assert [lane.graphs["accept_sampled"].replays for lane in lanes] == replays
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_below_top_p_one_the_acceptance_test_runs_eagerly_after_the_captured_step(graph_mode, tree):
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    gen = GenerationConfig(max_new_tokens=30, num_spec_tokens=3, tree=tree, stop_token_ids=(), temperature=0.9,
+                           top_p=0.8, seed=3, draft_sampling="wor" if tree else "pointmass")
+    eager, _ = _run(Engine(target, drafter, max_context=128), gen)
+    engine = graph_mode(target, drafter, max_context=128)
+    ahead, events = _run(engine, gen)
+    assert ahead == eager
+    (lanes,) = engine.prepare(gen.draft_shape(3)).lanes.values()
+    assert sum(lane.graphs["step_sampled"].replays for lane in lanes) == len(events) - 1
+    assert all(lane.graphs["accept_sampled"].replays == 0 for lane in lanes)
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])

@@ -75,13 +75,12 @@ def _joint_of_first_two_tokens(engine, prompt, runs):
     return counts, accepted
 
 
-def _resample_without_removing_the_draft(drafts, probs, generator):
+def _resample_without_removing_the_draft(drafts, probs, u, noise):
     """A wrong rule: after a rejection, sample from p itself (the rejected draft can come back)."""
     k = drafts.shape[0]
-    u = torch.rand(k, generator=generator)
     n = (u < probs[torch.arange(k), drafts]).long().cumprod(0).sum()
-    token = torch.multinomial(probs[n], 1, generator=generator)
-    return n, torch.cat((drafts, drafts.new_zeros(1))).scatter(0, n.view(1), token)
+    token = (probs[n] / noise).argmax()
+    return n, torch.cat((drafts, drafts.new_zeros(1))).scatter(0, n.view(1), token.view(1))
 
 
 def test_sampled_speculative_decoding_matches_the_targets_joint_distribution(monkeypatch):
@@ -92,7 +91,7 @@ def test_sampled_speculative_decoding_matches_the_targets_joint_distribution(mon
     # 3000 draws over 36 cells: a correct sampler sits near 0.04
     assert _tv(counts, joint) < 0.065
     # the tolerance is tight enough to catch a wrong acceptance rule (it lands near 0.14)
-    monkeypatch.setattr("demo.engine.verify_sampled", _resample_without_removing_the_draft)
+    monkeypatch.setattr("demo.engine.sampled_rule", _resample_without_removing_the_draft)
     wrong, _ = _joint_of_first_two_tokens(engine, prompt, 3000)
     assert _tv(wrong, joint) > 0.09
 

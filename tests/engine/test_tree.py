@@ -268,8 +268,8 @@ def test_sampled_trees_emit_the_targets_joint_distribution(gen, monkeypatch):
     assert tv(counts) < 0.075  # 2000 draws over 36 cells: a correct sampler sits near 0.045
     # the check has the power to catch a wrong rule: accepting every sampled draft emits q, not p
     if gen.get("draft_sampling") == "q":
-        monkeypatch.setattr("demo.engine.verify_tree_q", lambda tokens, parents, depths, probs, q, *rest, **kw:
-                            __import__("demo.tree_verify").tree_verify.verify_tree_q(
+        monkeypatch.setattr("demo.engine.tree_q_rule", lambda tokens, parents, depths, probs, q, *rest, **kw:
+                            __import__("demo.tree_verify").tree_verify.tree_q_rule(
                                 tokens, parents, depths, probs, torch.zeros_like(q), *rest, **kw))
         wrong, _ = _first_two_tokens(engine, prompt, 2000, **gen)
         assert tv(wrong) > 0.1

@@ -20,7 +20,7 @@ from tests.tiny import tiny_drafter, tiny_hf
 
 pytestmark = pytest.mark.cuda
 
-STEP_GRAPHS = {"step", "step_sampled", "step.1", "step_sampled.1"}  # two lanes (demo.engine.Lane)
+STEP_GRAPHS = {"step", "step_sampled", "accept_sampled", "step.1", "step_sampled.1", "accept_sampled.1"}  # two lanes (demo.engine.Lane)
 
 SHAPES = [(1, None), (4, None), (4, TreeShape(1, 0)), (3, TreeShape(3, 10)), (5, TreeShape(4, 20))]
 CASES = [(m, k, t) for m in ("none", "eagle", "eagle3", "oracle") for k, t in SHAPES if m != "none" or t is None]
@@ -38,10 +38,12 @@ def test_cudagraph_output_is_token_identical_to_eager(method, k, tree, dtype, mo
     for mode in ("eager", "cudagraph"):
         engine = Engine(target, make_drafter(method, target, PROMPT + ref), mode=mode, max_context=128)
         outs[mode] = reply_tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=k, tree=tree, stop_token_ids=())
-        for rule in ("pointmass", "q", "wor") if method != "none" else ("pointmass",):
-            outs[f"{mode}-{rule}"] = reply_tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=k, tree=tree,
-                                                  temperature=0.9, top_p=0.95, seed=3, draft_sampling=rule,
-                                                  stop_token_ids=())
+        # top-p 1: the acceptance test captured (accept_sampled); below 1: run eagerly after the step
+        rules = (("pointmass", 0.95), ("pointmass", 1.0), ("q", 1.0), ("wor", 1.0), ("wor", 0.95))
+        for rule, top_p in rules if method != "none" else rules[:2]:
+            outs[f"{mode}-{rule}-{top_p}"] = reply_tokens(engine, PROMPT, max_new_tokens=48, num_spec_tokens=k,
+                                                          tree=tree, temperature=0.9, top_p=top_p, seed=3,
+                                                          draft_sampling=rule, stop_token_ids=())
     for key in outs:
         if key.startswith("eager"):
             assert outs["cudagraph" + key[len("eager"):]] == outs[key], key
@@ -51,7 +53,7 @@ def test_cudagraph_output_is_token_identical_to_eager(method, k, tree, dtype, mo
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
 def test_a_sampled_request_leaves_the_next_greedy_request_unchanged_in_graph_mode(tree):
-    # at T > 0 the acceptance test runs eagerly and at T = 0 from its graph: both must leave the
+    # at T > 0 the acceptance test runs from its own graph and at T = 0 inside the step's: both must leave the
     # next step's inputs in the same buffers, or a greedy run after a sampled one drafts from stale
     # features (lossless still, but acceptance silently drops)
     hf = tiny_hf("llama").to("cuda")
