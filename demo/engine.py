@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import time
 import types
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Callable, Iterator
 
@@ -128,6 +129,7 @@ class CaptureState:
     accept: Callable  # the (compiled) greedy acceptance test
     accept_sampled: Callable  # the acceptance test at T > 0, top-p 1 (CapturedSampling), on b.draws
     initial: list  # the state prepare() made (_state_tensors), which every capture starts from
+    sampled_uncompiled: bool = False  # accept_sampled failed to compile and runs as eager runs it
 
 
 @dataclass
@@ -406,13 +408,10 @@ class Engine:
             accept_fn = self._acceptance(b)
             # a capture runs its step three times, and each run moves the positions on: every capture
             # starts from the state prepare() made, or a small bucket's warm-ups would write past its slots
-            # at T > 0 the acceptance test is captured as it runs eagerly, not compiled: its rules
-            # unroll a loop per depth and child, and an inductor failure there would take graph
-            # mode's T > 0 down with it, where the captured kernels already save the launches
             b.capture = CaptureState(
                 torch.cuda.graph_pool_handle(),
                 self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams()), "accept"),
-                lambda logits, features: accept_fn(b, logits, features, CapturedSampling(b.temperature)),
+                self._maybe_compile(self._sampled_acceptance(b), "accept"),
                 [t.clone() for t in _state_tensors(b)])
         pool, accept, initial = b.capture.pool, b.capture.accept, b.capture.initial
 
@@ -446,8 +445,17 @@ class Engine:
                     graphs["step"] = captured(lambda marks=marks, step=step: step(True, marks))
                 graphs["step_sampled"] = captured(lambda marks=marks, step=step: step(False, marks))
                 # over this lane's verification, which the step graph left in its outputs
-                graphs["accept_sampled"] = captured(
-                    lambda stepped=graphs["step_sampled"]: b.capture.accept_sampled(*stepped.output))
+                accept_sampled = lambda stepped=graphs["step_sampled"]: b.capture.accept_sampled(*stepped.output)  # noqa: E731
+                try:
+                    graphs["accept_sampled"] = captured(accept_sampled)
+                except Exception as e:  # noqa: BLE001  (torch.compile's failures have no common type)
+                    if not self.compiles("accept") or b.capture.sampled_uncompiled:
+                        raise
+                    # the T > 0 rules unroll a loop per depth and child: should inductor fail on
+                    # them, graph mode keeps T > 0 with the rules captured as they run eagerly
+                    warnings.warn(f"the T > 0 acceptance test did not compile; captured uncompiled: {e}")
+                    b.capture.accept_sampled, b.capture.sampled_uncompiled = self._sampled_acceptance(b), True
+                    graphs["accept_sampled"] = captured(accept_sampled)
                 lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
                                   torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
                 b.graphs.update({name + bucket + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
@@ -592,6 +600,12 @@ class Engine:
     def _acceptance(self, b: StepBuffers):
         """The acceptance test of b's shape: a tree's or a chain's."""
         return self._accept_tree if b.tree is not None else self._accept
+
+    def _sampled_acceptance(self, b: StepBuffers) -> Callable:
+        """b's acceptance test at T > 0 as a graph runs it: (logits, features), the temperature read
+        from b.temperature, the draws from b.draws (top-p 1)."""
+        accept = self._acceptance(b)
+        return lambda logits, features: accept(b, logits, features, CapturedSampling(b.temperature))
 
     def _accept(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams):
         """Chain acceptance test on the device; stages the next step's inputs and the packed result."""

@@ -205,3 +205,29 @@ def test_no_bucket_narrower_than_a_step_is_captured_and_a_wide_tree_gives_eagers
     engine = graph_mode(target, drafter, max_context=128)
     assert _run(engine, gen)[0] == eager
     assert sorted(engine.prepare(shape).lanes) == [32, 64, 128]
+
+
+def test_a_t_above_zero_acceptance_test_that_fails_to_compile_is_captured_uncompiled(graph_mode, monkeypatch):
+    compiled = []
+
+    def compile_step(fn):  # the greedy test compiles; the sampled one (the second asked) fails as inductor can
+        compiled.append(fn)
+        if len(compiled) == 2:
+            def failing(*args):
+                raise RuntimeError("inductor: no code for this scan")
+            return failing
+        return fn
+    monkeypatch.setattr(engine_module, "compile_step", compile_step)
+    monkeypatch.setattr(Engine, "compiles", lambda self, phase: phase == "accept")
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    gen = GenerationConfig(max_new_tokens=30, num_spec_tokens=3, stop_token_ids=(), temperature=0.9, seed=3)
+    eager, _ = _run(Engine(target, drafter, max_context=128), gen)
+    engine = graph_mode(target, drafter, max_context=128)
+    with pytest.warns(UserWarning, match="did not compile"):
+        ahead, events = _run(engine, gen)
+    assert ahead == eager and len(compiled) == 2
+    b = engine.prepare(3)
+    assert b.capture.sampled_uncompiled
+    (lanes,) = b.lanes.values()
+    assert sum(lane.graphs["accept_sampled"].replays for lane in lanes) == len(events) - 1
