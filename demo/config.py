@@ -11,7 +11,8 @@ UI read a request's shape and limits without loading the engine):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 from demo.methods import SAMPLED_DRAFTS
 
@@ -153,3 +154,27 @@ class GenerationConfig:
     def draft_shape(self, k: int) -> DraftShape:
         """What a step drafts with k drafts per step (k = 0: none)."""
         return DraftShape.drawn(k, self.tree, self.draft_sampling, self.temperature, width=self.target_only_width)
+
+
+class Deadline:
+    """The time a run may still take (a request's time_limit_s, a benchmark's), from when it began:
+    each generation it starts ends once that is up (GenerationConfig.max_time_s)."""
+
+    def __init__(self, limit_s: float | None):
+        self.limit_s, self.began = limit_s, time.monotonic()
+
+    def left(self) -> float | None:
+        return None if self.limit_s is None else self.limit_s - (time.monotonic() - self.began)
+
+    def expired(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def bound(self, gen: GenerationConfig) -> GenerationConfig:
+        """`gen`, ending once the request's time is up."""
+        left = self.left()
+        return gen if left is None else replace(gen, max_time_s=max(left, 0.0))
+
+    def ran_out(self) -> str:
+        return (f"stopped at this app's time limit ({self.limit_s:g} s of engine time a request); "
+                "ask for fewer new tokens")

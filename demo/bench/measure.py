@@ -19,6 +19,7 @@ from typing import Callable, Generator
 from demo.bench.config import DEFAULT_PROMPTS, WARMUP_MAX_NEW_TOKENS, BenchConfig
 from demo.bench.parity import parity
 from demo.bench.report import category_rows
+from demo.config import Deadline
 from demo.methods import dtype_label
 from demo.service.chat import first_difference
 
@@ -129,9 +130,9 @@ def decode(engine, prompt_ids: list[int], gen):
     return tokens, stats
 
 
-def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig, bounded=lambda gen: gen) -> float:
-    """Uncounted generations of the first prompt (spec and, if checked, target-only); returns seconds.
-    `bounded`: what a generation's settings become (a deadline's max_time_s)."""
+def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig, deadline: Deadline = Deadline(None)) -> float:
+    """Uncounted generations of the first prompt (spec and, if checked, target-only), ending at
+    `deadline`; returns seconds."""
     if not config.warmup:
         return 0.0
     from demo.models.prompts import chat_ids
@@ -140,9 +141,9 @@ def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig, bound
     budget = min(config.max_new_tokens, WARMUP_MAX_NEW_TOKENS)
     start = time.perf_counter()
     for _ in range(config.warmup):
-        decode(engine, ids, bounded(config.generation(max_new_tokens=budget)))
+        decode(engine, ids, deadline.bound(config.generation(max_new_tokens=budget)))
         if config.check_lossless and config.method != "none":
-            decode(engine, ids, bounded(reference_config(config, engine, max_new_tokens=budget)))
+            decode(engine, ids, deadline.bound(reference_config(config, engine, max_new_tokens=budget)))
     return time.perf_counter() - start
 
 
@@ -170,20 +171,17 @@ def measure(engine, tokenizer, questions: list[dict], config: BenchConfig,
 
 
 def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
-              deadline: float | None = None) -> Generator[int, None, dict]:
+              deadline: Deadline = Deadline(None)) -> Generator[int, None, dict]:
     """Warm up `engine`, then decode every question with the settings of `config` (checked),
     yielding the number of questions done after each; returns the report (records and
     totals), JSON-ready. The CLI's run, and the app's benchmark tab on the engines it already
     holds (it stops between questions when the visitor does), both measure through here.
-    `deadline` (time.monotonic()): the decodes end there (GenerationConfig.max_time_s), the last one
-    cut short, and the report counts the questions decoded by then (totals["cut_short"])."""
+    `deadline`: the decodes end there (GenerationConfig.max_time_s), the last one cut short, and the
+    report counts the questions decoded by then (totals["cut_short"])."""
     from demo.metrics import AcceptanceStats
     from demo.models.prompts import chat_ids
 
-    def bounded(gen):
-        return gen if deadline is None else replace(gen, max_time_s=max(deadline - time.monotonic(), 0.0))
-
-    warmup_s = warm_up(engine, tokenizer, questions, config, bounded)
+    warmup_s = warm_up(engine, tokenizer, questions, config, deadline)
     k = config.k
     totals = AcceptanceStats(num_spec_tokens=k)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
@@ -195,9 +193,9 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
         for turn, text in enumerate(q["turns"] if config.all_turns else q["turns"][:1], 1):
             messages.append({"role": "user", "content": text})
             ids = chat_ids(tokenizer, messages)
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline.expired():
                 break
-            tokens, stats = decode(engine, ids, bounded(config.generation()))
+            tokens, stats = decode(engine, ids, deadline.bound(config.generation()))
             totals.merge(stats)
             answer = tokenizer.decode(tokens, skip_special_tokens=True)
             record = {"question_id": q.get("question_id"), "category": q.get("category"), "turn": turn,
@@ -205,7 +203,7 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
                       "stats": stats.summary()}
             if config.check_lossless:
                 if k:
-                    reference, ref_stats = decode(engine, ids, bounded(reference_config(config, engine)))
+                    reference, ref_stats = decode(engine, ids, deadline.bound(reference_config(config, engine)))
                 else:  # --method none: the decode above is already target-only
                     reference, ref_stats = tokens, stats
                 baseline.merge(ref_stats)
@@ -213,19 +211,19 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
                 record["lossless"] = {"identical": diff is None, "first_difference": diff,
                                       "target_only_tokens": len(reference)}
             if twin is not None:
-                twin_tokens, twin_stats = decode(twin, ids, bounded(config.generation()))
+                twin_tokens, twin_stats = decode(twin, ids, deadline.bound(config.generation()))
                 eager["totals"]["counts"].merge(twin_stats)
                 eager["records"].append({**record, "token_ids": twin_tokens, "stats": twin_stats.summary()})
             records.append(record)
             messages.append({"role": "assistant", "content": answer})
         yield done
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline.expired():
             break
     report = {"records": records,
               "totals": {"config": describe_config(config, engine), "num_prompts": len(records),
                          "categories": category_rows(records),
                          "summary": totals.summary(), "counts": asdict(totals), "warmup_s": warmup_s,
-                         "capture_s": engine.capture_s, "cut_short": deadline is not None and time.monotonic() >= deadline}}
+                         "capture_s": engine.capture_s, "cut_short": deadline.expired()}}
     if config.check_lossless:
         report["totals"]["lossless"] = lossless_totals(records)
         report["totals"]["lossless"]["target_only_width"] = reference_config(config, engine).target_only_width if k else 1

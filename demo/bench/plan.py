@@ -12,7 +12,6 @@ plan with one measures eager too.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +21,7 @@ from demo.bench.faults import FAULT_LABELS, FAULTS
 from demo.bench.measure import measuring
 from demo.bench.parity import parity, parity_sentence
 from demo.bench.report import format_report
+from demo.config import Deadline
 from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODES
 from demo.service.request import LIMITS, MAX_CHARS_PER_TOKEN, RequestError
 from demo.service.session import Session
@@ -182,9 +182,9 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
     seconds have passed: the last value holds the reports measured by then (cut_short)."""
     configs, reports = plan.configs(), []
     total = len(configs) * len(questions)
-    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    deadline = Deadline(time_limit_s)
     for i, config in enumerate(configs):
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline.expired():
             yield BenchProgress(total, total, "out of time", reports, finished=True, cut_short=True)
             return
         engine = session.engine(config.method, config.mode)

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Generator, Iterator
 
-from demo.config import DraftShape, GenerationConfig, TreeShape, default_draft
+from demo.config import Deadline, DraftShape, GenerationConfig, TreeShape, default_draft
 from demo.engine import Engine, StepEvent, target_only_width
 from demo.methods import DRAFT_SAMPLING, METHOD_LABELS, METHODS, MODE_LABELS, MODES, num_drafts
 from demo.metrics import AcceptanceStats
@@ -355,29 +355,6 @@ class Session:
                   {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done"))
         return (f"done ({reason}): {s.accounting()}; {s.tokens_per_call:.2f} tokens per target call, "
                 f"{s.tokens_per_s:.1f} tokens/s")
-
-
-class Deadline:
-    """The time a request may still hold the engine (Request.time_limit_s), from when it began."""
-
-    def __init__(self, limit_s: float | None):
-        self.limit_s, self.began = limit_s, time.monotonic()
-
-    def left(self) -> float | None:
-        return None if self.limit_s is None else self.limit_s - (time.monotonic() - self.began)
-
-    def expired(self) -> bool:
-        left = self.left()
-        return left is not None and left <= 0
-
-    def bound(self, gen: GenerationConfig) -> GenerationConfig:
-        """`gen`, ending once the request's time is up."""
-        left = self.left()
-        return gen if left is None else replace(gen, max_time_s=max(left, 0.0))
-
-    def ran_out(self) -> str:
-        return (f"stopped at this app's time limit ({self.limit_s:g} s of engine time a request); "
-                "ask for fewer new tokens")
 
 
 def reference_width(gen: GenerationConfig, engine: Engine) -> int:
