@@ -129,6 +129,7 @@ class CaptureState:
     accept: Callable  # the (compiled) greedy acceptance test
     accept_sampled: Callable  # the acceptance test at T > 0, top-p 1 (CapturedSampling), on b.draws
     initial: list  # the state prepare() made (_state_tensors), which every capture starts from
+    sampled: bool = False  # a generation at T > 0 asked for accept_sampled: every lane has it
     sampled_uncompiled: bool = False  # accept_sampled failed to compile and runs as eager runs it
 
 
@@ -315,12 +316,14 @@ class Engine:
                 "device": str(self.device), "dtype": dtype_label(self.target.dtype), "max_context": self.max_context}
 
     @torch.inference_mode()
-    def prepare(self, shape: DraftShape | int, used: int | None = None) -> StepBuffers:
+    def prepare(self, shape: DraftShape | int, used: int | None = None, sampled: bool = False) -> StepBuffers:
         """Allocate the persistent buffers for a draft shape (an int k: a chain of k) and, in
         cudagraph mode, capture its steps now, never in the middle of a generation: over every
-        attend bucket up to the one `used` slots need (a generation's reach), None: all of them.
-        Always in inference mode, as generate() is: buffers a generation allocated are inference
-        tensors, which a later capture outside inference mode could not restore in place."""
+        attend bucket up to the one `used` slots need (a generation's reach), None: all of them;
+        with `sampled` (a generation at T > 0; always for drafts drawn from q) the acceptance test
+        at T > 0 too, from then on with every bucket. Always in inference mode, as generate() is:
+        buffers a generation allocated are inference tensors, which a later capture outside
+        inference mode could not restore in place."""
         shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
         b = self._buffers.get(shape) or self._allocate(shape)
         if self.mode == "cudagraph":
@@ -329,10 +332,16 @@ class Engine:
             # a smaller bucket is never chosen, and its capture would write past its cache views
             least = shape.width + 2
             missing = [a for a in self.attend_buckets() if least <= a <= reach and a not in b.lanes]
+            start = time.perf_counter()
             if missing:
-                start = time.perf_counter()
                 self._capture(b, missing)
-                self.capture_s += time.perf_counter() - start
+            if (sampled or shape.sampled) and b.capture is not None and not b.capture.sampled:
+                b.capture.sampled = True
+                for attend, lanes in b.lanes.items():
+                    for i, lane in enumerate(lanes):
+                        self._capture_accept_sampled(b, lane.graphs, attend, i)
+                self._restore(b)
+            self.capture_s += time.perf_counter() - start
         return b
 
     def _allocate(self, shape: DraftShape) -> StepBuffers:
@@ -394,9 +403,10 @@ class Engine:
 
     def _capture(self, b: StepBuffers, buckets: list[int]) -> None:
         """Capture one graph per decoding step and attend bucket (propose, verify and, at T = 0, the
-        acceptance test; at T > 0 "step_sampled", then "accept_sampled" over its output, on the draws
-        made before the step) and, the first time, one prefill graph per prompt bucket. Two timing
-        events recorded inside the step graph split its time into propose and verify."""
+        acceptance test; at T > 0 "step_sampled", and once a sampled generation asked for it
+        "accept_sampled" over its output, on the draws made before the step) and, the first time,
+        one prefill graph per prompt bucket. Two timing events recorded inside the step graph split
+        its time into propose and verify."""
         first = b.capture is None
         if first:
             # one memory pool per shape, alive exactly as long as its graphs: capturing into a pool
@@ -413,15 +423,8 @@ class Engine:
                 self._maybe_compile(lambda logits, features: accept_fn(b, logits, features, SamplingParams()), "accept"),
                 self._maybe_compile(self._sampled_acceptance(b), "accept"),
                 [t.clone() for t in _state_tensors(b)])
-        pool, accept, initial = b.capture.pool, b.capture.accept, b.capture.initial
-
-        def restore():
-            for t, f in zip(_state_tensors(b), initial):
-                t.copy_(f)
-
-        def captured(fn) -> CapturedStep:
-            restore()
-            return CapturedStep(fn, pool)
+        accept = b.capture.accept
+        captured = lambda fn: self._captured(b, fn)  # noqa: E731
         for attend in buckets:  # the step over each bucket of attended slots
             propose = self._maybe_compile(lambda a=attend: self._propose(b, a), "propose") if b.k else None
             verify = self._maybe_compile(lambda a=attend: self._verify_forward(b, a), "verify")
@@ -437,34 +440,53 @@ class Engine:
                 return logits, features
 
             lanes = []  # the bucket's entry appears once both lanes are captured, never half made
-            bucket = "" if attend == self.max_context else f"@{attend}"
             for i in range(2):  # two lanes (Lane): the same compiled functions, captured twice
                 marks = tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
                 graphs = {}
                 if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
                     graphs["step"] = captured(lambda marks=marks, step=step: step(True, marks))
                 graphs["step_sampled"] = captured(lambda marks=marks, step=step: step(False, marks))
-                # over this lane's verification, which the step graph left in its outputs
-                accept_sampled = lambda stepped=graphs["step_sampled"]: b.capture.accept_sampled(*stepped.output)  # noqa: E731
-                try:
-                    graphs["accept_sampled"] = captured(accept_sampled)
-                except Exception as e:  # noqa: BLE001  (torch.compile's failures have no common type)
-                    if not self.compiles("accept") or b.capture.sampled_uncompiled:
-                        raise
-                    # the T > 0 rules unroll a loop per depth and child: should inductor fail on
-                    # them, graph mode keeps T > 0 with the rules captured as they run eagerly
-                    warnings.warn(f"the T > 0 acceptance test did not compile; captured uncompiled: {e}")
-                    b.capture.accept_sampled, b.capture.sampled_uncompiled = self._sampled_acceptance(b), True
-                    graphs["accept_sampled"] = captured(accept_sampled)
+                b.graphs.update({self._graph_name(name, attend, i): g for name, g in graphs.items()})
+                if b.capture.sampled:
+                    self._capture_accept_sampled(b, graphs, attend, i)
                 lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
                                   torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
-                b.graphs.update({name + bucket + ("" if i == 0 else f".{i}"): g for name, g in graphs.items()})
             b.lanes[attend] = lanes
         if first:
             for size in self.prefill_buckets():
                 b.graphs[f"prefill{size}"] = captured(
                     lambda size=size: self._prefill_forward(b, size, self.attended(size)))
-        restore()
+        self._restore(b)
+
+    def _graph_name(self, name: str, attend: int, lane: int) -> str:
+        """A step graph's name in StepBuffers.graphs: "step", "step@512", "step_sampled@1024.1", ..."""
+        return name + ("" if attend == self.max_context else f"@{attend}") + ("" if lane == 0 else f".{lane}")
+
+    @staticmethod
+    def _restore(b: StepBuffers) -> None:
+        """b's state as prepare() made it, which every capture starts from (a capture runs its step
+        three times, each moving the positions on)."""
+        for t, f in zip(_state_tensors(b), b.capture.initial):
+            t.copy_(f)
+
+    def _captured(self, b: StepBuffers, fn) -> CapturedStep:
+        self._restore(b)
+        return CapturedStep(fn, b.capture.pool)
+
+    def _capture_accept_sampled(self, b: StepBuffers, graphs: dict, attend: int, lane: int) -> None:
+        """A lane's "accept_sampled": the T > 0 acceptance test over the lane's verification, which
+        its step graph leaves in its outputs. Compiled with the drafter's steps, and captured
+        uncompiled (with a warning) should inductor fail on the rules' unrolled loops."""
+        accept = lambda stepped=graphs["step_sampled"]: b.capture.accept_sampled(*stepped.output)  # noqa: E731
+        try:
+            graphs["accept_sampled"] = self._captured(b, accept)
+        except Exception as e:  # noqa: BLE001  (torch.compile's failures have no common type)
+            if not self.compiles("accept") or b.capture.sampled_uncompiled:
+                raise
+            warnings.warn(f"the T > 0 acceptance test did not compile; captured uncompiled: {e}")
+            b.capture.accept_sampled, b.capture.sampled_uncompiled = self._sampled_acceptance(b), True
+            graphs["accept_sampled"] = self._captured(b, accept)
+        b.graphs[self._graph_name("accept_sampled", attend, lane)] = graphs["accept_sampled"]
 
     def compiles(self, phase: str) -> bool:
         """Whether captured steps run `phase` ("propose", "verify" or "accept") compiled: compile
@@ -694,7 +716,8 @@ class Engine:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + "
                              f"{shape.width} verified per step = {need} exceeds the context of {self.max_context} tokens")
         params = gen.sampling
-        b = self.prepare(shape, need + k)  # the most slots a step attends over (see the loop's bound)
+        # the most slots a step attends over (see the loop's bound)
+        b = self.prepare(shape, need + k, sampled=not params.greedy)
         b.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)
         generator = None

@@ -213,7 +213,7 @@ class Session:
                 if gen.temperature <= 0:
                     shapes.add(DraftShape(0, pad=reference_width(gen, engine) - 1))
             for shape in shapes:
-                engine.prepare(shape)
+                engine.prepare(shape, sampled=gen.temperature > 0)
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k), settings=request.settings())

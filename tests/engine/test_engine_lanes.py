@@ -231,3 +231,22 @@ def test_a_t_above_zero_acceptance_test_that_fails_to_compile_is_captured_uncomp
     assert b.capture.sampled_uncompiled
     (lanes,) = b.lanes.values()
     assert sum(lane.graphs["accept_sampled"].replays for lane in lanes) == len(events) - 1
+
+
+def test_the_t_above_zero_acceptance_test_is_captured_once_a_sampled_generation_asks_for_it(graph_mode, monkeypatch):
+    monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 16)  # buckets 16 .. 128: a reply crosses several
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target)
+    engine = graph_mode(target, drafter, max_context=128)
+    greedy = GenerationConfig(max_new_tokens=30, num_spec_tokens=3, stop_token_ids=())
+    _run(engine, greedy)
+    b = engine.prepare(3)
+    assert b.lanes and not any("accept_sampled" in lane.graphs for pair in b.lanes.values() for lane in pair)
+    sampled = GenerationConfig(**{**greedy.__dict__, "temperature": 0.9, "seed": 2, "max_new_tokens": 90})
+    eager, _ = _run(Engine(target, drafter, max_context=128), sampled)
+    tokens, _ = _run(engine, sampled)
+    assert tokens == eager  # the buckets captured before and after it asked all test at T > 0 in their graph
+    lanes = [lane for pair in engine.prepare(3).lanes.values() for lane in pair]
+    assert len(lanes) == 2 * len(engine.attend_buckets()) and all("accept_sampled" in lane.graphs for lane in lanes)
+    assert sum(lane.graphs["accept_sampled"].replays for lane in lanes) == sum(
+        lane.graphs["step_sampled"].replays for lane in lanes) > 0

@@ -20,7 +20,7 @@ from tests.tiny import tiny_drafter, tiny_hf
 
 pytestmark = pytest.mark.cuda
 
-STEP_GRAPHS = {"step", "step_sampled", "accept_sampled", "step.1", "step_sampled.1", "accept_sampled.1"}  # two lanes (demo.engine.Lane)
+STEP_GRAPHS = {"step", "step_sampled", "step.1", "step_sampled.1"}  # two lanes (demo.engine.Lane); T > 0 adds accept_sampled
 
 SHAPES = [(1, None), (4, None), (4, TreeShape(1, 0)), (3, TreeShape(3, 10)), (5, TreeShape(4, 20))]
 CASES = [(m, k, t) for m in ("none", "eagle", "eagle3", "oracle") for k, t in SHAPES if m != "none" or t is None]
