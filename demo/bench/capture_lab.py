@@ -42,7 +42,7 @@ class CaptureLab(Engine):
         included: what an eager test of the faulty code would see."""
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, not {fault!r}")
-        self._captured: dict[DraftShape, StepBuffers] = {}  # each shape's buffers as bound before any capture
+        self._bound: dict[DraftShape, StepBuffers] = {}  # each shape's buffers as bound before any capture
         self._elsewhere: dict[DraftShape, torch.Tensor] = {}  # stale-features: where its catch-up lands
         super().__init__(target, drafter, **engine_args)
         self.fault = fault
@@ -62,19 +62,19 @@ class CaptureLab(Engine):
 
     def set_drafter(self, drafter) -> None:
         super().set_drafter(drafter)
-        self._captured = {s: b for s, b in self._captured.items() if s.depth == 0}
+        self._bound = {s: b for s, b in self._bound.items() if s.depth == 0}
 
     # ------------------------------------------------------------------ steps over the captured binding
     def _allocate(self, shape: DraftShape) -> StepBuffers:
         b = super()._allocate(shape)
-        self._captured[shape] = copy.copy(b)  # the binding every capture (graph or stand-in) sees
+        self._bound[shape] = copy.copy(b)  # the binding every capture (graph or stand-in) sees
         if b.catch_features is not None:
             self._elsewhere[shape] = torch.zeros_like(b.catch_features)
         return b
 
     def _replayed(self, b: StepBuffers) -> StepBuffers:
         """The buffers a captured step runs over: those bound before capture, in a copy of its own."""
-        return copy.copy(self._captured[b.shape]) if self.captures else b
+        return copy.copy(self._bound[b.shape]) if self.captures else b
 
     def _prefill_forward(self, b: StepBuffers, rows: int, attend: int | None = None) -> torch.Tensor:
         return super()._prefill_forward(self._replayed(b), rows, attend)

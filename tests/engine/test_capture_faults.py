@@ -128,3 +128,13 @@ def test_on_the_default_target_stale_features_lower_acceptance_and_keep_the_text
     target_only, _ = run(Engine(target, None, max_context=256), prompt, max_new_tokens=24)
     assert faulted_tokens == tokens == target_only
     assert faulted[-1].stats.mean_acceptance_length < eager[-1].stats.mean_acceptance_length - 0.3
+
+
+def test_a_lab_engine_keeps_every_engine_method_callable(models):
+    # the lab keeps state of its own beside the engine's; an attribute that took a method's name
+    # (as its bindings once took Engine._captured) breaks only the GPU's capture, which no CPU run reaches
+    _, target, drafter, _ = models
+    lab = CaptureLab(target, drafter, fault="stale-features", max_context=256)
+    lab.prepare(3)
+    methods = {name for name in dir(Engine) if callable(getattr(Engine, name))}
+    assert sorted(name for name in vars(lab) if name in methods) == []
