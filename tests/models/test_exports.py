@@ -258,6 +258,14 @@ def test_specforge_refuses_the_shipped_eagle3_without_an_explicit_draft_vocabula
 
 
 # ------------------------------------------------------------------------------ SGLang 0.5.23 (replayed)
+@pytest.fixture(scope="module")
+def smollm2_shape():
+    """A target of the shipped heads' shape (two random layers: a drafter reads its embedding and head)."""
+    return Target(tiny_hf("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                          num_key_value_heads=3, num_hidden_layers=2, head_dim=64, tie_word_embeddings=True,
+                          initializer_range=0.02))
+
+
 def sglang_module(directory: Path, target, method: str):
     """SGLang's module shape for this checkpoint (an EAGLE-1 fc always has a bias), filled as its
     loader's rules fill it (test_interop.sglang_load) and sharing the target's embedding and head."""
@@ -281,11 +289,8 @@ def sglang_module(directory: Path, target, method: str):
 
 
 @pytest.mark.parametrize("shipped_before", [False, True], ids=["as shipped", "without fc.bias, as shipped before"])
-def test_sglang_rules_fill_the_shipped_eagle_whole_only_with_its_zero_fc_bias(tmp_path, shipped_before):
-    hf = tiny_hf("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-                 num_key_value_heads=3, num_hidden_layers=2, head_dim=64, tie_word_embeddings=True,
-                 initializer_range=0.02)
-    target = Target(hf)
+def test_sglang_rules_fill_the_shipped_eagle_whole_only_with_its_zero_fc_bias(tmp_path, shipped_before, smollm2_shape):
+    target = smollm2_shape
     directory = bundled_drafter_dir("eagle")
     if shipped_before:
         config, tensors = read_checkpoint(directory)
@@ -300,12 +305,29 @@ def test_sglang_rules_fill_the_shipped_eagle_whole_only_with_its_zero_fc_bias(tm
     if not shipped_before:
         g = torch.Generator().manual_seed(0)
         tokens, hidden = torch.randint(0, 49152, (1, T), generator=g), torch.randn(1, T, 576, generator=g)
-        outs = []
-        for m in (module, reference):
-            m.setup_cache(T)
-            with torch.no_grad():
-                outs.append(m(tokens, torch.arange(T)[None], hidden)[0])
-        assert float((outs[0] - outs[1]).abs().max()) < TOL
+        assert sglang_logits_gap(module, reference, tokens, hidden) < TOL
+
+
+def test_sglang_rules_fill_the_shipped_eagle3_whole_and_its_logits_are_speclens(smollm2_shape):
+    # SGLang 0.5.23's EAGLE-3: fc without a bias, the layer as midlayer, the target's embedding and
+    # (draft_vocab_size null) its head shared; the fused features go through fc as SpecLens' project
+    module, reference = sglang_module(bundled_drafter_dir("eagle3"), smollm2_shape, "eagle3")
+    assert left_at_init(module) == []
+    g = torch.Generator().manual_seed(1)
+    tokens, features = torch.randint(0, 49152, (1, T), generator=g), torch.randn(1, T, 3 * 576, generator=g)
+    with torch.no_grad():
+        hidden = [m.project(features) for m in (module, reference)]
+    assert sglang_logits_gap(module, reference, tokens, hidden[0], hidden[1]) < TOL
+
+
+def sglang_logits_gap(module, reference, tokens, hidden, reference_hidden=None) -> float:
+    """Largest |logit difference| of the SGLang-filled module and SpecLens' drafter on the same features."""
+    outs = []
+    for m, h in ((module, hidden), (reference, hidden if reference_hidden is None else reference_hidden)):
+        m.setup_cache(T)
+        with torch.no_grad():
+            outs.append(m(tokens, torch.arange(T)[None], h)[0])
+    return float((outs[0] - outs[1]).abs().max())
 
 
 # ------------------------------------------------------------------------------ refusals
