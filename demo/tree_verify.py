@@ -112,54 +112,9 @@ def verify_tree_q(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     (num_accepted: [], path: [D], out_tokens: [D+1]). SpecInfer's multi-step speculative sampling.
 
     max_children: a Python int >= the most children of any node (SGLang's topk); the residuals are
-    iterated that many times per depth. None: N, always enough."""
+    iterated that many times. None: N, always enough."""
     u, noise = _draws(tokens, probs, generator)
     return tree_q_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children)
-
-
-def tree_q_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                probs: torch.Tensor, q: torch.Tensor, q_row: torch.Tensor, D: int,
-                u: torch.Tensor, noise: torch.Tensor, max_children: int | None = None):
-    """verify_tree_q with its draws given: u [N] uniforms in [0, 1), one per draft (node i uses
-    u[i-1]), noise [V] Exp(1) for the exponential race of the target's own token.
-
-    Walks down one depth per round; the residual after r rejections at a node depends only on
-    (p, q, r), so each round computes the residuals r = 0..max_children of the current node once."""
-    n_nodes = tokens.shape[0]  # N+1
-    max_children = n_nodes - 1 if max_children is None else max_children
-    idx = torch.arange(n_nodes, device=tokens.device)  # [N+1]
-    u = torch.cat((u.new_ones(1), u))  # [N+1]; the root's entry is never used
-    rank = _earlier_siblings(parents).sum(1)  # [N+1] position among its siblings
-    q_x = q[q_row, tokens]  # [N+1] the drafter's probability of each node's token
-    cur = torch.zeros((), dtype=torch.int64, device=tokens.device)  # [] current accepted node
-    alive = torch.ones((), dtype=torch.bool, device=tokens.device)  # [] still walking down
-    num_accepted = torch.zeros((), dtype=torch.int64, device=tokens.device)  # []
-    final = torch.zeros_like(probs[0])  # [V] the distribution of the target's own token
-    path = []
-    for _ in range(D):
-        p = probs.index_select(0, cur.view(1)).squeeze(0)  # [V] target at the current node
-        kids = (parents == cur) & (idx >= 1)  # [N+1] bool
-        qv = q.index_select(0, (q_row * kids).amax().view(1)).squeeze(0)  # [V] shared by the kids
-        n_kids = kids.sum()  # []
-        p_at = torch.zeros_like(q_x)  # [N+1] p_r(x_i): the residual child i is tried against
-        residual = p  # [V] what is left after every child failed
-        for r in range(max_children):
-            p_at = torch.where(rank == r, p[tokens], p_at)
-            p = _or_fallback(_normalise((p - qv).clamp(min=0.0)), p)  # [V] after r+1 rejections
-            residual = torch.where(n_kids == r + 1, p, residual)
-        accept = kids & (u * q_x < p_at)  # [N+1] min(1, p_r(x) / q(x)) without dividing
-        first = torch.where(accept, idx, n_nodes).amin()  # [] first accepted child; N+1 if none
-        step = alive & (first < n_nodes)  # []
-        final = torch.where(alive & ~step, residual, final)
-        path.append(torch.where(step, first, 0))
-        cur = torch.where(step, first, cur)
-        num_accepted = num_accepted + step.to(torch.int64)
-        alive = step
-    p = probs.index_select(0, cur.view(1)).squeeze(0)  # [V] a depth-D node has no children: bonus
-    final = torch.where(alive, p, final)
-    token = (final / noise).argmax()  # [] exponential race
-    path = torch.stack(path) if path else idx.new_zeros(0)  # [D]
-    return num_accepted, path, _emit(tokens, path, num_accepted, token)
 
 
 def verify_tree_wor(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
@@ -170,6 +125,15 @@ def verify_tree_wor(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.T
     drawn without replacement; max_children as verify_tree_q's."""
     u, noise = _draws(tokens, probs, generator)
     return tree_wor_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children)
+
+
+def tree_q_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                probs: torch.Tensor, q: torch.Tensor, q_row: torch.Tensor, D: int,
+                u: torch.Tensor, noise: torch.Tensor, max_children: int | None = None):
+    """verify_tree_q with its draws given: u [N] uniforms in [0, 1), one per draft (node i uses
+    u[i-1]), noise [V] Exp(1) for the exponential race of the target's own token. After r rejections
+    at a node its residual is max(0, p_r - q) renormalised, q unchanged (_residual_walk)."""
+    return _residual_walk(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children, False)
 
 
 def tree_wor_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
@@ -199,44 +163,50 @@ def tree_wor_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     accepted and leaves p as it was; a residual with no mass left falls back to the distribution
     it came from (only float rounding gets there: then p_r <= q_r everywhere, so p_r = q_r and the
     child was accepted)."""
+    return _residual_walk(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children, True)
+
+
+def _residual_walk(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                   probs: torch.Tensor, q: torch.Tensor, q_row: torch.Tensor, D: int,
+                   u: torch.Tensor, noise: torch.Tensor, max_children: int | None,
+                   without_replacement: bool):
+    """The q and wor rules (their docstrings), every node at once. What child r of a node is tried
+    against (p_r, and q_r for wor) depends only on that node's p, q and earlier children, never on
+    which path the walk takes, so round r computes the r-th residual of every node together
+    ([N+1, V] per round, max_children rounds) instead of walking D depths of max_children residuals
+    one [V] at a time: a step's acceptance test is max_children dependent passes over the tree, not
+    D x max_children. The walk itself is then the greedy rule's: the first accepted child of each
+    node, followed from the root."""
     n_nodes = tokens.shape[0]  # N+1
     max_children = n_nodes - 1 if max_children is None else max_children
     idx = torch.arange(n_nodes, device=tokens.device)  # [N+1]
     u = torch.cat((u.new_ones(1), u))  # [N+1]; the root's entry is never used
-    rank = _earlier_siblings(parents).sum(1)  # [N+1] position among its siblings: the draw order
-    cur = torch.zeros((), dtype=torch.int64, device=tokens.device)  # [] current accepted node
-    alive = torch.ones((), dtype=torch.bool, device=tokens.device)  # [] still walking down
-    num_accepted = torch.zeros((), dtype=torch.int64, device=tokens.device)  # []
-    final = torch.zeros_like(probs[0])  # [V] the distribution of the target's own token
-    path = []
-    for _ in range(D):
-        p = probs.index_select(0, cur.view(1)).squeeze(0)  # [V] p_1: the target at the current node
-        kids = (parents == cur) & (idx >= 1)  # [N+1] bool
-        qv = q.index_select(0, (q_row * kids).amax().view(1)).squeeze(0)  # [V] q_1, shared by the kids
-        p_at = torch.zeros_like(probs[:, 0])  # [N+1] p_r(x_r): what child r is tried against
-        q_at = torch.zeros_like(p_at)  # [N+1] q_r(x_r): the probability it was drawn with
-        for r in range(max_children):
-            this = kids & (rank == r)  # [N+1] the r-th child, if there is one
-            has = this.any()  # []
-            x = (tokens * this).sum().view(1)  # [1] its token (0 if none: then nothing changes)
-            p_at = torch.where(this, p.index_select(0, x), p_at)
-            q_at = torch.where(this, qv.index_select(0, x), q_at)
-            p_next = _or_fallback(_normalise((p - qv).clamp(min=0.0)), p)  # [V] p_{r+1}
-            q_next = _normalise(qv.scatter(0, x, 0.0))  # [V] q_{r+1}: x_r can no longer be drawn
-            p = torch.where(has, p_next, p)
-            qv = torch.where(has, q_next, qv)
-        accept = kids & (q_at > 0) & (u * q_at < p_at)  # [N+1] min(1, p_r(x) / q_r(x)) without dividing
-        first = torch.where(accept, idx, n_nodes).amin()  # [] first accepted child; N+1 if none
-        step = alive & (first < n_nodes)  # []
-        final = torch.where(alive & ~step, p, final)  # every child failed: what is left of p
-        path.append(torch.where(step, first, 0))
-        cur = torch.where(step, first, cur)
-        num_accepted = num_accepted + step.to(torch.int64)
-        alive = step
-    p = probs.index_select(0, cur.view(1)).squeeze(0)  # [V] a depth-D node has no children: bonus
-    final = torch.where(alive, p, final)
+    earlier = _earlier_siblings(parents)  # [N+1, N+1] bool
+    rank = earlier.sum(1)  # [N+1] position among its siblings: the draw order
+    kid_of = (parents[None, :] == idx[:, None]) & (idx[None, :] >= 1)  # [N+1, N+1] [node, child]
+    p = probs  # [N+1, V] p_1 at every node
+    qv = q.index_select(0, (kid_of * q_row[None, :]).amax(1))  # [N+1, V] q_1: what its children came from
+    p_at = torch.zeros_like(probs[:, 0])  # [N+1] p_r(x_r): what child r is tried against, at its parent
+    q_at = torch.zeros_like(p_at)  # [N+1] q_r(x_r): the probability it was drawn with
+    for r in range(max_children):
+        this = kid_of & (rank[None, :] == r)  # [N+1, N+1] each node's r-th child, if it has one
+        has = this.any(1, keepdim=True)  # [N+1, 1]
+        x = (this * tokens[None, :]).sum(1, keepdim=True)  # [N+1, 1] its token (0 if none)
+        p_at = torch.where(rank == r, p.gather(1, x).squeeze(1)[parents], p_at)
+        q_at = torch.where(rank == r, qv.gather(1, x).squeeze(1)[parents], q_at)
+        p = torch.where(has, _or_fallback(_normalise((p - qv).clamp(min=0.0)), p), p)  # p_{r+1}
+        if without_replacement:  # q_{r+1}: x_r cannot come again; what is left sums to 1 - q_r(x_r)
+            left = 1.0 - qv.gather(1, x)  # [N+1, 1]
+            q_next = qv.scatter(1, x, 0.0) / torch.where(left > 0, left, 1.0)
+            qv = torch.where(has, torch.where(left > 0, q_next, 0.0), qv)
+    accept = (idx >= 1) & (u * q_at < p_at)  # [N+1] min(1, p_r(x) / q_r(x)) without dividing
+    if without_replacement:
+        accept = accept & (q_at > 0)
+    chosen = _first_among_siblings(accept, earlier)  # [N+1] bool
+    num_accepted, path, deepest = _accepted_path(chosen, parents, depths, D)
+    # every child of the deepest accepted node failed (p is what they left) or it has none (p is its row)
+    final = p.index_select(0, deepest.view(1)).squeeze(0)  # [V]
     token = (final / noise).argmax()  # [] exponential race
-    path = torch.stack(path) if path else idx.new_zeros(0)  # [D]
     return num_accepted, path, _emit(tokens, path, num_accepted, token)
 
 
@@ -286,11 +256,11 @@ def _emit(tokens: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor,
 
 
 def _normalise(p: torch.Tensor) -> torch.Tensor:
-    """[V] non-negative -> [V] summing to 1, or all zeros when it has no mass."""
-    total = p.sum()
+    """[..., V] non-negative -> [..., V], each row summing to 1, or all zeros when it has no mass."""
+    total = p.sum(-1, keepdim=True)
     return p / torch.where(total > 0, total, 1.0)
 
 
 def _or_fallback(p: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """p, fallback: [V] -> p, or fallback when p has no mass left."""
-    return torch.where(p.sum() > 0, p, fallback)
+    """p, fallback: [..., V] -> p, or fallback in each row where p has no mass left."""
+    return torch.where(p.sum(-1, keepdim=True) > 0, p, fallback)

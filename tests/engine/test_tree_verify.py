@@ -351,3 +351,53 @@ def test_rules_capture_in_a_cuda_graph_and_replay_like_eager():
     graph.replay()
     for n, path, out in outs:
         assert path.shape == (D,) and out.shape == (D + 1,) and 0 <= n.item() <= D
+
+
+def _walk_node_by_node(tokens, parents, probs, q, q_row, u, noise, D, without_replacement):
+    """The q and wor rules written plainly, one node at a time down the tree: (num_accepted, out)."""
+    cur, out = 0, []
+    for _ in range(D):
+        kids = [c for c in range(1, len(parents)) if parents[c] == cur]
+        p, qv, taken = probs[cur], (q[q_row[kids[0]]] if kids else None), None
+        for c in kids:
+            x = int(tokens[c])
+            if (qv[x] > 0 or not without_replacement) and u[c - 1] * qv[x] < p[x]:
+                taken = c
+                break
+            rest = (p - qv).clamp(min=0)
+            p = rest / rest.sum() if rest.sum() > 0 else p
+            if without_replacement:
+                qv = qv.clone()
+                qv[x] = 0
+                qv = qv / qv.sum() if qv.sum() > 0 else qv
+        if taken is None:
+            return len(out), out + [int((p / noise).argmax())]
+        out.append(int(tokens[taken]))
+        cur = taken
+    return len(out), out + [int((probs[cur] / noise).argmax())]
+
+
+@pytest.mark.parametrize("without_replacement", [False, True], ids=["q", "wor"])
+def test_sampled_tree_rules_decide_every_node_at_once_as_a_walk_down_the_tree_would(without_replacement):
+    # the rules compute each node's residuals for all nodes together; a walk that computes them
+    # only where it goes must emit the same tokens, draw for draw
+    rule = tree_wor_rule if without_replacement else tree_q_rule
+    gen, rng, V = torch.Generator().manual_seed(5), random.Random(5), 6
+    accepted = 0
+    for _ in range(300):
+        parents = [0]
+        for i in range(1, rng.randint(2, 12)):
+            parents.append(rng.randrange(i))
+        parents.sort()  # children after their parents, siblings in draw order
+        tokens = [rng.randrange(V) for _ in parents]
+        tokens_t, parents_t, depths_t, D = _tree(parents, tokens)
+        probs = torch.softmax(2 * torch.randn(len(parents), V, generator=gen), -1)
+        q = torch.softmax(2 * torch.randn(len(parents), V, generator=gen), -1)
+        q_row = parents_t.clone()  # a node was drawn from its parent's q
+        u, noise = torch.rand(len(parents) - 1, generator=gen), torch.empty(V).exponential_(generator=gen)
+        kids = max(parents.count(i) for i in range(len(parents)))
+        n, _, out = rule(tokens_t, parents_t, depths_t, probs, q, q_row, D, u, noise, max_children=kids)
+        ref_n, ref = _walk_node_by_node(tokens, parents, probs, q, parents, u, noise, D, without_replacement)
+        assert (int(n), out[:int(n) + 1].tolist()) == (ref_n, ref)
+        accepted += ref_n
+    assert accepted > 150  # the walks go deep enough to test the residuals of accepted nodes' children
