@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from demo.methods import SAMPLED_DRAFTS
+from demo.methods import DEFAULT_DRAFT_SAMPLING, SAMPLED_DRAFTS
 
 TREE_SCRATCH = 512  # drafter cache slots reserved past the context for a tree's frontier rows ((depth - 1) * topk)
 MAX_TREE_TOPK = 32
@@ -137,7 +137,7 @@ class GenerationConfig:
     max_new_tokens: int = 256
     num_spec_tokens: int = 3  # k: drafts per step, or a tree's depth; 0: target-only through the same engine
     tree: TreeShape | None = None  # None: a chain of k drafts
-    draft_sampling: str = "pointmass"  # at T > 0, see demo.methods.DRAFT_SAMPLING
+    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0, see demo.methods.DRAFT_SAMPLING
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0

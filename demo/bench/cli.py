@@ -24,7 +24,7 @@ from demo.bench.faults import FAULTS
 from demo.bench.measure import run
 from demo.bench.report import format_report
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
-from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, METHODS, MODES
+from demo.methods import COMPILE_SCOPES, DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING, METHODS, MODES
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--num-draft-tokens", type=int, default=0,
                    help="a tree's tokens verified per step, the root included (SGLang's "
                         "--speculative-num-draft-tokens); 0: every drafted node")
-    m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default="pointmass",
+    m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default=DEFAULT_DRAFT_SAMPLING,
                    help="T > 0: 'pointmass' drafts the drafter's top choices, accepted with p (siblings in turn); "
                         "'q' draws drafts from the drafter's q, accepted with min(1, p/q); 'wor' draws a node's "
                         "children from q without replacement, each accepted with min(1, p/q) against what the "

@@ -13,6 +13,7 @@ from demo.config import DraftShape, GenerationConfig, TreeShape
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
 from demo.methods import (
     COMPILE_SCOPES,
+    DEFAULT_DRAFT_SAMPLING,
     DRAFT_SAMPLING,
     MAX_SPEC_TOKENS,
     METHOD_LABELS,
@@ -46,7 +47,7 @@ class BenchConfig:
     num_spec_tokens: int = 3  # k: draft tokens per step, or a tree's depth
     tree_topk: int | None = None  # a tree: children per node (None: a chain)
     num_draft_tokens: int = 0  # a tree's tokens verified per step, the root included (0: every node)
-    draft_sampling: str = "pointmass"
+    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0 (demo.methods)
     ceiling: bool = False  # draft with the target itself (q = p): each rule's acceptance with a perfect drafter
     # engine
     mode: str = "eager"

@@ -39,7 +39,8 @@ def test_the_target_drafting_for_itself_has_every_sampled_first_draft_accepted(d
                         draft_sampling=draft_sampling, seed=3, stop_token_ids=())
         assert [e.num_accepted for e in events[1:]] == [4] * 8
     # pointmass proposes the target's top choice, accepted with p(x) < 1: below its ceiling of k + 1
-    _, events = run(engine, PROMPT, max_new_tokens=41, num_spec_tokens=4, temperature=1.0, seed=3, stop_token_ids=())
+    _, events = run(engine, PROMPT, max_new_tokens=41, num_spec_tokens=4, temperature=1.0, seed=3,
+                    draft_sampling="pointmass", stop_token_ids=())
     assert events[-1].stats.mean_acceptance_length < 4
 
 

@@ -170,8 +170,9 @@ def test_events_carry_each_positions_top_candidates_for_the_inspector(tree, temp
     hf = tiny_hf("llama")
     target = Target(hf)
     engine = Engine(target, tiny_drafter("eagle3", target, draft_vocab_size=128), max_context=128)
+    # point mass: a chain's drafts are the drafter's top choices, shown with its other candidates
     tokens, events = run(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, tree=tree, temperature=temperature,
-                         stop_token_ids=())
+                         draft_sampling="pointmass", stop_token_ids=())
     for e in events:
         assert len(e.target_top) == len(e.token_ids)  # one row per emitted token
         for row, token, p in zip(e.target_top, e.token_ids, e.token_probs):

@@ -221,7 +221,8 @@ def test_a_t_above_zero_acceptance_test_that_fails_to_compile_is_captured_uncomp
     monkeypatch.setattr(Engine, "compiles", lambda self, phase: phase == "accept")
     target = Target(tiny_hf("llama"))
     drafter = tiny_drafter("eagle3", target)
-    gen = GenerationConfig(max_new_tokens=30, num_spec_tokens=3, stop_token_ids=(), temperature=0.9, seed=3)
+    gen = GenerationConfig(max_new_tokens=30, num_spec_tokens=3, stop_token_ids=(), temperature=0.9, seed=3,
+                           draft_sampling="pointmass")  # a chain of the top choices: prepare(3)'s shape
     eager, _ = _run(Engine(target, drafter, max_context=128), gen)
     engine = graph_mode(target, drafter, max_context=128)
     with pytest.warns(UserWarning, match="did not compile"):
@@ -242,7 +243,8 @@ def test_the_t_above_zero_acceptance_test_is_captured_once_a_sampled_generation_
     _run(engine, greedy)
     b = engine.prepare(3)
     assert b.lanes and not any("accept_sampled" in lane.graphs for pair in b.lanes.values() for lane in pair)
-    sampled = GenerationConfig(**{**greedy.__dict__, "temperature": 0.9, "seed": 2, "max_new_tokens": 90})
+    sampled = GenerationConfig(**{**greedy.__dict__, "temperature": 0.9, "seed": 2, "max_new_tokens": 90,
+                                  "draft_sampling": "pointmass"})
     eager, _ = _run(Engine(target, drafter, max_context=128), sampled)
     tokens, _ = _run(engine, sampled)
     assert tokens == eager  # the buckets captured before and after it asked all test at T > 0 in their graph

@@ -52,7 +52,7 @@ def test_trace_json_roundtrips_and_holds_every_step_with_its_drafts_and_tokens(s
         assert depths[: s["accepted"]] == list(range(1, s["accepted"] + 1)) and set(depths[s["accepted"]:]) <= {0}
         assert s["draft_ms"] >= 0 and s["verify_ms"] > 0 and all(0 <= t["p"] <= 1 for t in s["emitted"])
     assert record["settings"] == {"method": "eagle", "mode": "eager", "compare": False, "max_new_tokens": 9,
-                                  "num_spec_tokens": 3, "tree": None, "draft_sampling": "pointmass",
+                                  "num_spec_tokens": 3, "tree": None, "draft_sampling": "wor",
                                   "temperature": 0.0, "top_p": 1.0, "seed": 7, "stop_token_ids": None,
                                   "target_only_width": 1, "max_time_s": None}
     assert record["environment"] == ENV and record["messages"] == [{"role": "user", "content": "Say a"}]
