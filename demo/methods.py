@@ -31,9 +31,9 @@ COMPILE_SCOPES = ("drafter", "all")  # --compile: all but the target's forward (
 #   keep the target's distribution (demo/tree_verify.py).
 DRAFT_SAMPLING = ("pointmass", "q", "wor")
 SAMPLED_DRAFTS = ("q", "wor")  # the rules whose drafts are draws from q rather than its top choices
-# The rule the page, /generate and the bench use unless told: wor accepts the most at every shape
-# measured (T = 1: a chain of 3 on a CPU, a tree 7 x 8, 64 on a GPU) and was the fastest on both,
-# its step costing about a point-mass step (docs/RESULTS.md, "At T = 1").
+# The rule the page, /generate and the bench use unless told: wor accepted the most and was the
+# fastest at T = 1 at each device's default shape (a chain of 3 on a CPU, a tree 7 x 8, 64 on a GPU:
+# docs/RESULTS.md, "At T = 1"), though its step costs more than a point-mass chain's.
 DEFAULT_DRAFT_SAMPLING = "wor"
 
 # k, draft tokens per step. The engine takes up to MAX_SPEC_TOKENS (deeper chains accept almost

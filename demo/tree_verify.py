@@ -132,8 +132,8 @@ def tree_q_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
                 u: torch.Tensor, noise: torch.Tensor, max_children: int | None = None):
     """verify_tree_q with its draws given: u [N] uniforms in [0, 1), one per draft (node i uses
     u[i-1]), noise [V] Exp(1) for the exponential race of the target's own token. After r rejections
-    at a node its residual is max(0, p_r - q) renormalised, q unchanged (_residual_walk)."""
-    return _residual_walk(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children, False)
+    at a node its residual is max(0, p_r - q) renormalised, q unchanged (_sampled_tree_rule)."""
+    return _sampled_tree_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children, False)
 
 
 def tree_wor_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
@@ -163,10 +163,10 @@ def tree_wor_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     accepted and leaves p as it was; a residual with no mass left falls back to the distribution
     it came from (only float rounding gets there: then p_r <= q_r everywhere, so p_r = q_r and the
     child was accepted)."""
-    return _residual_walk(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children, True)
+    return _sampled_tree_rule(tokens, parents, depths, probs, q, q_row, D, u, noise, max_children, True)
 
 
-def _residual_walk(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+def _sampled_tree_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
                    probs: torch.Tensor, q: torch.Tensor, q_row: torch.Tensor, D: int,
                    u: torch.Tensor, noise: torch.Tensor, max_children: int | None,
                    without_replacement: bool):
