@@ -690,9 +690,13 @@ class Engine:
         nodes = tokens[1:]  # [N]
         node_p = shown.at(tb.parents[1:], nodes)  # [N] p of each node's token at its parent
         top_values, top_ids = shown.top(rows, TOP_SHOWN)  # [D+1, TOP_SHOWN] at each emitted position
-        none = torch.full((D, TOP_SHOWN), -1.0, device=self.device)  # a tree's candidates are its siblings
+        if shape.sampled and shape.topk == 1:  # a sampled chain: node d was drawn from q row d - 1 (over the
+            # target's vocabulary), whose likeliest tokens are the drafter's other candidates there
+            q_values, q_ids = row_topk(tb.q.index_select(0, tb.q_row[1:]), TOP_SHOWN)  # [D, TOP_SHOWN]
+        else:  # a tree's candidates are its siblings
+            q_ids = q_values = torch.full((D, TOP_SHOWN), -1.0, device=self.device)
         b.result.copy_(pack_result(n, out, token_probs, path, nodes, tb.parents[1:], tb.draft_logq[1:].exp(), node_p,
-                                   top_ids, top_values, none, none))
+                                   top_ids, top_values, q_ids, q_values))
 
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()

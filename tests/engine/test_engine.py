@@ -190,6 +190,27 @@ def test_events_carry_each_positions_top_candidates_for_the_inspector(tree, temp
             assert row[0] == (draft, pytest.approx(q, rel=1e-5)) and [x for _, x in row] == sorted(x for _, x in row)[::-1]
 
 
+@pytest.mark.parametrize("rule", ["q", "wor"])
+def test_a_sampled_chain_shows_the_drafters_other_candidates_at_each_draft(rule):
+    from demo.engine import TOP_SHOWN
+
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, tiny_drafter("eagle3", target, draft_vocab_size=128), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, temperature=0.9, draft_sampling=rule,
+                         seed=3, stop_token_ids=())
+    shown = 0
+    for e in events[1:]:
+        assert len(e.draft_top) == 3  # one row per draft position, the drafts drawn from q there
+        for row, draft, q in zip(e.draft_top, e.draft_ids, e.tree.draft_probs):
+            qs = [x for _, x in row]
+            assert len(row) == TOP_SHOWN and qs == sorted(qs, reverse=True) and 0 < sum(qs) <= 1 + 1e-5
+            assert q <= qs[-1] + 1e-6 or draft in dict(row)  # a draw likelier than the fifth choice is listed
+            if draft in dict(row):
+                assert dict(row)[draft] == pytest.approx(q, rel=1e-5)
+                shown += 1
+    assert shown > 0
+
+
 def test_prefill_buckets_are_powers_of_two_from_the_smallest_up_to_the_context():
     from demo.engine import PREFILL_MIN_BUCKET, prefill_rows
 
