@@ -616,8 +616,11 @@ class Engine:
 
     @staticmethod
     def last_slot(b: StepBuffers) -> int:
-        """The last cache slot b's staged verification writes (a host read: for measurement only)."""
-        return int((b.tree.verify_slots if b.tree is not None else b.verify_positions).max())
+        """The last cache slot b's next verification writes (a host read: for measurement only). A
+        tree's slots are staged by its drafting, so they are read off the next root."""
+        if b.tree is not None:
+            return int(b.tree.root_slot) + b.shape.width - 1
+        return int(b.verify_positions.max())
 
     def _acceptance(self, b: StepBuffers):
         """The acceptance test of b's shape: a tree's or a chain's."""

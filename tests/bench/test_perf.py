@@ -25,6 +25,19 @@ def test_a_step_profile_counts_the_work_of_every_phase_in_step_order(tree):
     assert all(name in text for name in PHASES)
 
 
+def test_a_tree_steps_profile_attends_over_every_slot_its_drafting_stages_wherever_the_reply_ends():
+    # a tree's verification slots are staged by its drafting, after the attended window is chosen:
+    # the window must be read off the next root, not off the last step's slots
+    from demo.engine import ATTEND_ROUND
+
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, tiny_drafter("eagle3", target), max_context=256)
+    gen = GenerationConfig(max_new_tokens=6, num_spec_tokens=2, tree=TreeShape(2, 6), stop_token_ids=())
+    for length in range(ATTEND_ROUND - 14, ATTEND_ROUND - 4):  # replies ending on both sides of a window's edge
+        profile = profile_step(engine, [1 + i % 50 for i in range(length)], gen, repeats=1)
+        assert [p.name for p in profile.phases] == list(PHASES)
+
+
 def test_target_only_profiles_verification_and_acceptance_only():
     engine = Engine(Target(tiny_hf("llama")), None, max_context=64)
     profile = profile_step(engine, [1, 2, 3], GenerationConfig(max_new_tokens=4, num_spec_tokens=0, stop_token_ids=()))
