@@ -162,7 +162,7 @@ class TreeBuffers:
     q_row: torch.Tensor  # [W] int64: the row of q each node was drawn from (sampled drafts)
     q: torch.Tensor | None  # [R, V] float32: the drafter's q over the target vocabulary (sampled drafts)
     uniforms: torch.Tensor | None  # the draws of sampled drafts, made before the step: [D, K*K] float32 (i.i.d.), [D, K, Vd] (wor)
-    draft_to_target: torch.Tensor  # [Vd] int64: target id of every draft id
+    draft_to_target: torch.Tensor | None  # [Vd] int64: target id of every draft id; None: the same ids
 
 
 def prefill_rows(n: int, max_context: int) -> int:
@@ -377,6 +377,8 @@ class Engine:
             b.catch_features = zeros(1, k + 1, width, dtype=t.dtype)
         if shape.tree:
             w, r = shape.width, 1 + (k - 1) * shape.topk
+            to_target = self.drafter.to_target(torch.arange(vd, device=dev))  # [Vd]
+            same_ids = vd == t.config.vocab_size and bool((to_target == torch.arange(vd, device=dev)).all())
             b.tree = TreeBuffers(
                 root_token=zeros(1), root_slot=zeros(1), verify_slots=torch.arange(w, device=dev).view(1, -1),
                 verify_mask=zeros(1, 1, w, t.cache.capacity, dtype=torch.int32 if t.ordered_masks(w) else torch.bool),
@@ -385,7 +387,7 @@ class Engine:
                 q=zeros(r, t.config.vocab_size, dtype=torch.float32) if shape.sampled else None,
                 uniforms=(zeros(*((k, shape.topk, vd) if shape.without_replacement else (k, shape.topk ** 2)),
                                 dtype=torch.float32) if shape.sampled else None),
-                draft_to_target=self.drafter.to_target(torch.arange(vd, device=dev)))
+                draft_to_target=None if same_ids else to_target)
         self._buffers[shape] = b
         return b
 
@@ -587,7 +589,9 @@ class Engine:
         tb.depths.copy_(draft.depths)
         tb.draft_logq.copy_(draft.draft_logq)
         tb.q_row.copy_(draft.q_row)
-        if tb.q is not None:  # the drafter's q over the target vocabulary, for the acceptance test
+        if tb.q is not None and tb.draft_to_target is None:  # the drafter's q over the target vocabulary,
+            tb.q.copy_(draft.q)  # for the acceptance test (drafting over the target's own ids)
+        elif tb.q is not None:  # a draft vocabulary of its own, or hot tokens: 0 for the target ids it lacks
             tb.q.zero_().index_copy_(1, tb.draft_to_target, draft.q)
 
     def step_phases(self, b: StepBuffers, params: SamplingParams = SamplingParams(), generator=None) -> dict:

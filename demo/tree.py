@@ -131,11 +131,16 @@ def draft_tree(drafter, shape: DraftShape, root_token: torch.Tensor, root_logits
         x = logits.float() / temperature  # [F, Vd]
         q = torch.softmax(x, dim=-1)  # [F, Vd]
         q_rows.append(q)
-        if shape.without_replacement:  # Gumbel-top-k: x - log(-log u) is log q + Gumbel noise, up to a constant
-            ids = row_topk(x - (-uniforms[d, :F].log()).log(), K)[1]  # [F, K] distinct, in draw order
+        if shape.without_replacement:  # Gumbel-top-k: x - log(-log u) is log q + Gumbel noise, up to a constant.
+            # The draws and the scores come from one top-k over both tables stacked ([2F, Vd]): a
+            # row's log-softmax shift leaves its order alone, so the perturbed rows' picks are the
+            # draws, and a step launches one top-k a depth, not two.
+            both = torch.cat((x - (-uniforms[d, :F].log()).log(), x))  # [2F, Vd]
+            top, picks = row_topk(both, K, log_probs=True)  # [2F, K] each
+            ids, score = picks[:F], top[F:]  # [F, K] distinct draws in draw order; the r-th top log q
         else:
             ids = inverse_cdf(q, uniforms[d, :F * K].view(F, K))  # [F, K]
-        score = row_topk(x, K, log_probs=True)[0]  # [F, K] the r-th draw scored as the r-th top choice
+            score = row_topk(x, K, log_probs=True)[0]  # [F, K] the r-th draw scored as the r-th top choice
         return ids, q.gather(1, ids).clamp(min=1e-30).log(), score
 
     ids, logq, score = children(root_logits.view(1, -1), 0)  # [1, K]
