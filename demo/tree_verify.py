@@ -183,20 +183,23 @@ def _sampled_tree_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torc
     u = torch.cat((u.new_ones(1), u))  # [N+1]; the root's entry is never used
     earlier = _earlier_siblings(parents)  # [N+1, N+1] bool
     rank = earlier.sum(1)  # [N+1] position among its siblings: the draw order
-    kid_of = (parents[None, :] == idx[:, None]) & (idx[None, :] >= 1)  # [N+1, N+1] [node, child]
-    p = probs  # [N+1, V] p_1 at every node
-    qv = q.index_select(0, (kid_of * q_row[None, :]).amax(1))  # [N+1, V] q_1: what its children came from
+    # The residuals live in q's rows: q row j is the distribution one node's children were drawn
+    # from, so only R nodes (the expanded ones, fewer than N+1 in a tree) have residuals to update.
+    drawn_from = (q_row[None, :] == torch.arange(q.shape[0], device=q.device)[:, None]) & (idx[None, :] >= 1)  # [R, N+1]
+    node_of_row = (drawn_from * parents[None, :]).amax(1)  # [R] the node whose children row j drew (0 if none kept)
+    p = probs.index_select(0, node_of_row)  # [R, V] p_1 at each expanded node
+    qv = q  # [R, V] q_1: what its children came from
     p_at = torch.zeros_like(probs[:, 0])  # [N+1] p_r(x_r): what child r is tried against, at its parent
     q_at = torch.zeros_like(p_at)  # [N+1] q_r(x_r): the probability it was drawn with
     for r in range(max_children):
-        this = kid_of & (rank[None, :] == r)  # [N+1, N+1] each node's r-th child, if it has one
-        has = this.any(1, keepdim=True)  # [N+1, 1]
-        x = (this * tokens[None, :]).sum(1, keepdim=True)  # [N+1, 1] its token (0 if none)
-        p_at = torch.where(rank == r, p.gather(1, x).squeeze(1)[parents], p_at)
-        q_at = torch.where(rank == r, qv.gather(1, x).squeeze(1)[parents], q_at)
+        this = drawn_from & (rank[None, :] == r)  # [R, N+1] each row's r-th child, if it has one
+        has = this.any(1, keepdim=True)  # [R, 1]
+        x = (this * tokens[None, :]).sum(1, keepdim=True)  # [R, 1] its token (0 if none)
+        p_at = torch.where(rank == r, p.gather(1, x).squeeze(1)[q_row], p_at)
+        q_at = torch.where(rank == r, qv.gather(1, x).squeeze(1)[q_row], q_at)
         p = torch.where(has, _or_fallback(_normalise((p - qv).clamp(min=0.0)), p), p)  # p_{r+1}
         if without_replacement:  # q_{r+1}: x_r cannot come again; what is left sums to 1 - q_r(x_r)
-            left = 1.0 - qv.gather(1, x)  # [N+1, 1]
+            left = 1.0 - qv.gather(1, x)  # [R, 1]
             q_next = qv.scatter(1, x, 0.0) / torch.where(left > 0, left, 1.0)
             qv = torch.where(has, torch.where(left > 0, q_next, 0.0), qv)
     accept = (idx >= 1) & (u * q_at < p_at)  # [N+1] min(1, p_r(x) / q_r(x)) without dividing
@@ -204,8 +207,11 @@ def _sampled_tree_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torc
         accept = accept & (q_at > 0)
     chosen = _first_among_siblings(accept, earlier)  # [N+1] bool
     num_accepted, path, deepest = _accepted_path(chosen, parents, depths, D)
-    # every child of the deepest accepted node failed (p is what they left) or it has none (p is its row)
-    final = p.index_select(0, deepest.view(1)).squeeze(0)  # [V]
+    # every child of the deepest accepted node failed (p is what they left in its row) or it has
+    # none (p is its own target row)
+    kids = (parents == deepest) & (idx >= 1)  # [N+1]
+    row = (kids * q_row).amax()  # [] its q row, if it has children
+    final = torch.where(kids.any(), p.index_select(0, row.view(1)), probs.index_select(0, deepest.view(1))).squeeze(0)
     token = (final / noise).argmax()  # [] exponential race
     return num_accepted, path, _emit(tokens, path, num_accepted, token)
 

@@ -392,12 +392,16 @@ def test_sampled_tree_rules_decide_every_node_at_once_as_a_walk_down_the_tree_wo
         tokens = [rng.randrange(V) for _ in parents]
         tokens_t, parents_t, depths_t, D = _tree(parents, tokens)
         probs = torch.softmax(2 * torch.randn(len(parents), V, generator=gen), -1)
-        q = torch.softmax(2 * torch.randn(len(parents), V, generator=gen), -1)
-        q_row = parents_t.clone()  # a node was drawn from its parent's q
+        # a node was drawn from its parent's q row: one row per expanded node, in any order, and a
+        # row no kept node was drawn from (as the engine's rows of pruned expansions)
+        expanded = sorted(set(parents[1:]))
+        row_of = dict(zip(expanded, rng.sample(range(len(expanded) + 1), len(expanded))))
+        q = torch.softmax(2 * torch.randn(len(expanded) + 1, V, generator=gen), -1)
+        q_row = [0] + [row_of[parent] for parent in parents[1:]]
         u, noise = torch.rand(len(parents) - 1, generator=gen), torch.empty(V).exponential_(generator=gen)
         kids = max(parents.count(i) for i in range(len(parents)))
-        n, _, out = rule(tokens_t, parents_t, depths_t, probs, q, q_row, D, u, noise, max_children=kids)
-        ref_n, ref = _walk_node_by_node(tokens, parents, probs, q, parents, u, noise, D, without_replacement)
+        n, _, out = rule(tokens_t, parents_t, depths_t, probs, q, torch.tensor(q_row), D, u, noise, max_children=kids)
+        ref_n, ref = _walk_node_by_node(tokens, parents, probs, q, q_row, u, noise, D, without_replacement)
         assert (int(n), out[:int(n) + 1].tolist()) == (ref_n, ref)
         accepted += ref_n
     assert accepted > 150  # the walks go deep enough to test the residuals of accepted nodes' children
