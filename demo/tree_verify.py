@@ -189,6 +189,7 @@ def _sampled_tree_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torc
     node_of_row = (drawn_from * parents[None, :]).amax(1)  # [R] the node whose children row j drew (0 if none kept)
     p = probs.index_select(0, node_of_row)  # [R, V] p_1 at each expanded node
     qv = q  # [R, V] q_1: what its children came from
+    columns = torch.arange(q.shape[1], device=q.device)[None, :]  # [1, V]
     p_at = torch.zeros_like(probs[:, 0])  # [N+1] p_r(x_r): what child r is tried against, at its parent
     q_at = torch.zeros_like(p_at)  # [N+1] q_r(x_r): the probability it was drawn with
     for r in range(max_children):
@@ -197,10 +198,12 @@ def _sampled_tree_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torc
         x = (this * tokens[None, :]).sum(1, keepdim=True)  # [R, 1] its token (0 if none)
         p_at = torch.where(rank == r, p.gather(1, x).squeeze(1)[q_row], p_at)
         q_at = torch.where(rank == r, qv.gather(1, x).squeeze(1)[q_row], q_at)
-        p = torch.where(has, _or_fallback(_normalise((p - qv).clamp(min=0.0)), p), p)  # p_{r+1}
+        residual = (p - qv).clamp(min=0.0)  # [R, V] p_{r+1} unnormalised; one row sum serves both the
+        total = residual.sum(-1, keepdim=True)  # normalising and the fallback (_or_fallback(_normalise(.)))
+        p = torch.where(has & (total > 0), residual / total, p)  # p_{r+1}
         if without_replacement:  # q_{r+1}: x_r cannot come again; what is left sums to 1 - q_r(x_r)
             left = 1.0 - qv.gather(1, x)  # [R, 1]
-            q_next = qv.scatter(1, x, 0.0) / torch.where(left > 0, left, 1.0)
+            q_next = torch.where(columns == x, 0.0, qv) / torch.where(left > 0, left, 1.0)  # (pointwise: no scatter)
             qv = torch.where(has, torch.where(left > 0, q_next, 0.0), qv)
     accept = (idx >= 1) & (u * q_at < p_at)  # [N+1] min(1, p_r(x) / q_r(x)) without dividing
     if without_replacement:
