@@ -126,23 +126,26 @@ INT8_HEAD_MIN_BYTES = 8 << 20  # an fp32 head this large or larger is read throu
 
 def drafter_int8(target_dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether a drafter's own head multiplies in int8 beside a target of `target_dtype` on
-    `device`: on a CPU whose drafter computes in fp32 (no native bf16, ``drafter_dtype``), where
-    a draft step is bound by reading its weights and fbgemm's int8 multiply reads a quarter of the
-    bytes (docs/PERFORMANCE.md, "On a CPU")."""
+    `device`: on a CPU whose drafter computes in fp32 (``drafter_dtype``), where a draft step is
+    bound by reading its weights and fbgemm's int8 multiply reads a quarter of the bytes
+    (docs/PERFORMANCE.md, "On a CPU")."""
     return torch.device(device).type == "cpu" and drafter_dtype(target_dtype, device) == torch.float32 \
         and int8_available()
 
 
 def drafter_dtype(target_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
-    """What a drafter computes in beside a target of `target_dtype` on `device`: bf16 beside an fp32
-    target on a CPU that multiplies bf16 natively (AVX-512 BF16 or AMX), where a draft step is
-    memory-bound and a bf16 multiply reads half the bytes, a few rows at the cost of one
-    (docs/PERFORMANCE.md); else the target's. Drafts never change the output, only how many are
-    accepted."""
-    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
-        getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    if torch.device(device).type == "cpu" and target_dtype == torch.float32 and native:
-        return torch.bfloat16
+    """What a drafter computes in beside a target of `target_dtype` on `device`. Beside an fp32
+    target on a CPU a draft step is memory-bound: fp32 with its head read through an int8 copy
+    (``drafter_int8``) where this PyTorch multiplies int8, the quicker draft even on a CPU that
+    multiplies bf16 natively (docs/PERFORMANCE.md, "On a CPU"); else bf16 on a CPU that multiplies
+    it natively (AVX-512 BF16 or AMX), half the bytes; else the target's. Drafts never change the output, only how many are accepted."""
+    if torch.device(device).type == "cpu" and target_dtype == torch.float32:
+        if int8_available():
+            return torch.float32
+        native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+            getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        if native:
+            return torch.bfloat16
     return target_dtype
 
 

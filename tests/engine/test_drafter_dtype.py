@@ -66,11 +66,14 @@ def test_hot_tokens_of_a_bf16_drafter_are_its_hot_rows_of_the_targets_head_in_bf
     assert torch.equal(drafter.lm_head.weight, target.lm_head.weight[hot].to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("int8", [True, False])
 @pytest.mark.parametrize("native", [True, False])
-def test_drafter_dtype_is_bf16_only_beside_an_fp32_target_on_a_cpu_with_native_bf16(native, monkeypatch):
+def test_beside_an_fp32_target_a_cpu_drafts_in_fp32_with_an_int8_head_else_in_native_bf16(native, int8, monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert drafter_dtype(torch.float32, "cpu") == (torch.bfloat16 if native else torch.float32)
+    monkeypatch.setattr(drafter_common, "int8_available", lambda: int8)
+    assert drafter_dtype(torch.float32, "cpu") == (torch.bfloat16 if native and not int8 else torch.float32)
+    assert drafter_common.drafter_int8(torch.float32, "cpu") is int8
     assert drafter_dtype(torch.bfloat16, "cpu") == torch.bfloat16
     assert drafter_dtype(torch.float32, "cuda") == torch.float32  # a GPU drafts in the target's dtype
     assert drafter_common.drafter_dtype is drafter_dtype
