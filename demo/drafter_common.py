@@ -138,7 +138,8 @@ def drafter_dtype(target_dtype: torch.dtype, device: torch.device | str) -> torc
     target on a CPU a draft step is memory-bound: fp32 with its head read through an int8 copy
     (``drafter_int8``) where this PyTorch multiplies int8, the quicker draft even on a CPU that
     multiplies bf16 natively (docs/PERFORMANCE.md, "On a CPU"); else bf16 on a CPU that multiplies
-    it natively (AVX-512 BF16 or AMX), half the bytes; else the target's. Drafts never change the output, only how many are accepted."""
+    it natively (AVX-512 BF16 or AMX), half the bytes; else the target's. Drafts never change the
+    output, only how many are accepted."""
     if torch.device(device).type == "cpu" and target_dtype == torch.float32:
         if int8_available():
             return torch.float32

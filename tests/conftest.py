@@ -46,3 +46,18 @@ def driver(request):
     if request.session.testsfailed > failed:  # keep what the browser showed, as a test artifact
         d.save_screenshot(str(ARTIFACTS / f"failure_{request.node.name}.png"))
     close_browser(d)
+
+
+@pytest.fixture(scope="module")
+def public_app():
+    """(demo, url): a public app on the predictable tiny default (tests/tiny_chat.py: every token "a"),
+    launched as app.py launches it, one a test module."""
+    from demo.service.hosting import Hosting
+    from demo.views import build_demo
+    from tests.service.http_app import serve
+    from tests.tiny_chat import tiny_session
+
+    demo = build_demo(tiny_session(predictable=True), Hosting(public=True))
+    url = serve(demo, Hosting(public=True))
+    yield demo, url
+    demo.close()

@@ -32,20 +32,10 @@ from demo.service.public_gate import (
 )
 from demo.service.server_log import BoundedLog
 from demo.service.session import Session
-from demo.views import build_demo
-from tests.service.http_app import PROMPT, chat_turn, client, events, generate, join, post_generate, serve, ui_event
+from tests.service.http_app import PROMPT, chat_turn, client, events, generate, join, post_generate, ui_event
 from tests.tiny_chat import tiny_session
 
 PAGE = {"sl-prompt": PROMPT, "sl-max-new": 8, "sl-shape": "chain", "sl-method": "eagle"}
-
-
-@pytest.fixture(scope="module")
-def public():
-    """(demo, url): a public app on the predictable tiny default, launched as app.py launches it."""
-    demo = build_demo(tiny_session(predictable=True), Hosting(public=True))
-    url = serve(demo, Hosting(public=True))
-    yield demo, url
-    demo.close()
 
 
 @pytest.fixture
@@ -84,10 +74,10 @@ def short_reply(http, url, n: int) -> dict:
 
 
 # ---------------------------------------------------------------------- 1. one generation per client
-def test_one_client_gets_one_reply_however_many_sessions_it_opens(public, held):
+def test_one_client_gets_one_reply_however_many_sessions_it_opens(public_app, held):
     """The user turn of 18 sessions, then the reply (`bot`) of each: one is accepted, the rest are
     refused with a sentence, so the queue never fills and another visitor is answered."""
-    demo, url = public
+    demo, url = public_app
     with httpx.Client() as http:
         for i in range(18):
             assert "error" not in ui_event(http, url, demo, "user", f"h1-{i}", client(11), PAGE)
@@ -100,8 +90,8 @@ def test_one_client_gets_one_reply_however_many_sessions_it_opens(public, held):
         assert list(events(http, url, f"gradio_api/call/generate/{other.json()['event_id']}"))[-1][1][0]["text"] == "a" * 8
 
 
-def test_a_preset_load_or_a_benchmark_counts_as_the_clients_generation(public, held):
-    demo, url = public
+def test_a_preset_load_or_a_benchmark_counts_as_the_clients_generation(public_app, held):
+    demo, url = public_app
     with httpx.Client() as http:
         assert "error" not in ui_event(http, url, demo, "user", "h2-a", client(13), PAGE)
         assert join(http, url, demo, "bot", "h2-a", client(13), PAGE).status_code == 200
@@ -112,8 +102,8 @@ def test_a_preset_load_or_a_benchmark_counts_as_the_clients_generation(public, h
 
 
 # ---------------------------------------------------------------------- 2. playbacks
-def test_replays_of_one_client_are_bounded_and_never_fill_the_queue(public):
-    demo, url = public
+def test_replays_of_one_client_are_bounded_and_never_fill_the_queue(public_app):
+    demo, url = public_app
     with httpx.Client() as http:
         chat_turn(http, url, demo, "h3", client(14))
         slow = {"sl-pace": "1 step / s"}
@@ -126,9 +116,9 @@ def test_replays_of_one_client_are_bounded_and_never_fill_the_queue(public):
 
 
 # ---------------------------------------------------------------------- 3. time on the engine
-def test_a_public_request_holds_the_engine_at_most_its_time_limit(public, slow_steps, monkeypatch):
+def test_a_public_request_holds_the_engine_at_most_its_time_limit(public_app, slow_steps, monkeypatch):
     monkeypatch.setattr(hosting_module, "ENGINE_HOLD_S", 1.0)
-    demo, url = public
+    demo, url = public_app
     with httpx.Client() as http:
         start = time.monotonic()
         long = generate(http, url, client(16), max_new_tokens=400)  # 100 steps of 0.05 s: 5 s untimed
@@ -165,8 +155,8 @@ BAD_GENERATE = [dict(num_spec_tokens=None), dict(num_spec_tokens=float("nan")), 
 
 
 @pytest.mark.parametrize("bad", BAD_GENERATE, ids=[json.dumps(b) for b in BAD_GENERATE])
-def test_bad_generate_values_are_refused_in_a_sentence_without_a_traceback(public, bad, capfd):
-    demo, url = public
+def test_bad_generate_values_are_refused_in_a_sentence_without_a_traceback(public_app, bad, capfd):
+    demo, url = public_app
     with httpx.Client() as http:
         refused = generate(http, url, client(17), **bad)
         assert isinstance(refused.get("error"), str) and refused["error"].endswith("."), refused
@@ -174,8 +164,8 @@ def test_bad_generate_values_are_refused_in_a_sentence_without_a_traceback(publi
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_bad_page_values_are_refused_in_a_sentence_without_a_traceback(public, capfd):
-    demo, url = public
+def test_bad_page_values_are_refused_in_a_sentence_without_a_traceback(public_app, capfd):
+    demo, url = public_app
     with httpx.Client() as http:
         for values in ({"sl-k": None}, {"sl-k": float("inf")}, {"sl-max-new": float("nan")},
                        {"sl-shape": "tree", "sl-tree-topk": "2"}, {"sl-max-new": [8]}):
@@ -198,8 +188,8 @@ def test_bad_page_values_are_refused_in_a_sentence_without_a_traceback(public, c
 
 
 # ---------------------------------------------------------------------- 5. request bodies
-def test_a_body_past_the_bound_is_refused_before_it_is_read(public):
-    demo, url = public
+def test_a_body_past_the_bound_is_refused_before_it_is_read(public_app):
+    demo, url = public_app
     big = b'{"data": ["' + b"a" * (MAX_BODY_BYTES + 1) + b'"], "fn_index": 1, "session_hash": "h6"}'
     with httpx.Client() as http:
         declared = http.post(url + "gradio_api/queue/join", content=big, headers={**client(20), "content-type":
@@ -219,8 +209,8 @@ def test_a_body_past_the_bound_is_refused_before_it_is_read(public):
 
 
 # ---------------------------------------------------------------------- 6. files written
-def test_one_client_may_write_only_so_many_files_in_a_window(public):
-    demo, url = public
+def test_one_client_may_write_only_so_many_files_in_a_window(public_app):
+    demo, url = public_app
     with httpx.Client() as http:
         uploads = [http.post(url + "gradio_api/upload", headers=client(22), timeout=30,
                              files={"files": ("q.jsonl", b'{"turns": ["hi"]}\n')}).status_code
@@ -237,8 +227,8 @@ def test_one_client_may_write_only_so_many_files_in_a_window(public):
 
 
 # ---------------------------------------------------------------------- 7. the log
-def test_a_wrong_arity_call_with_a_large_argument_is_refused_and_writes_nothing_to_the_log(public, capfd):
-    demo, url = public
+def test_a_wrong_arity_call_with_a_large_argument_is_refused_and_writes_nothing_to_the_log(public_app, capfd):
+    demo, url = public_app
     user = next(f for f in demo.fns.values() if f.name == "user")
     with httpx.Client() as http:
         r = http.post(url + "gradio_api/queue/join", headers=client(25), timeout=30,
@@ -264,8 +254,8 @@ def test_the_bounded_log_cuts_long_lines_and_writes_at_most_its_share_a_minute()
 
 
 # ---------------------------------------------------------------------- 8. sessions in memory
-def test_a_session_is_dropped_when_its_page_closes_and_the_app_keeps_a_bounded_number(public):
-    demo, url = public
+def test_a_session_is_dropped_when_its_page_closes_and_the_app_keeps_a_bounded_number(public_app):
+    demo, url = public_app
     assert demo.state_session_capacity == SESSION_CAPACITY
     holder = demo.state_holder
     with httpx.Client() as http:
@@ -304,11 +294,11 @@ def test_a_trace_names_the_drafter_without_the_servers_paths():
 
 
 # ---------------------------------------------------------------------- 10. all of it at once
-def test_another_visitor_is_answered_within_20_s_while_one_client_does_its_worst(public, slow_steps):
+def test_another_visitor_is_answered_within_20_s_while_one_client_does_its_worst(public_app, slow_steps):
     """One client, at once: the longest generations it may ask for in 18 sessions (each held the
     whole ENGINE_HOLD_S by slowed steps), slow replays, a benchmark, uploads, oversized bodies and
     bad values; another visitor's page reply and /generate both arrive within 20 s."""
-    demo, url = public
+    demo, url = public_app
     hostile = client(30)
     LONGEST = {**PAGE, "sl-method": "none", "sl-max-new": 400}  # noqa: N806
     stop = threading.Event()

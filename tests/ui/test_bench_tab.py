@@ -9,26 +9,15 @@ import csv
 import io
 
 import httpx
-import pytest
 
-from demo.service.hosting import BENCH_WORK_BUDGET, Hosting
-from demo.views import build_demo
-from tests.service.http_app import client, serve, ui_event
-from tests.tiny_chat import tiny_session
+from demo.service.hosting import BENCH_WORK_BUDGET
+from tests.service.http_app import client, ui_event
 
 SMALL = {"sl-bench-methods": ["none", "eagle"], "sl-bench-ks": [2], "sl-bench-num-prompts": 2, "sl-bench-max-new": 10}
 
 
-@pytest.fixture(scope="module")
-def public():
-    demo = build_demo(tiny_session(predictable=True), Hosting(public=True))
-    url = serve(demo, Hosting(public=True))
-    yield demo, url
-    demo.close()
-
-
-def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(public):
-    demo, url = public
+def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(public_app):
+    demo, url = public_app
     with httpx.Client() as http:
         out = ui_event(http, url, demo, "run_benchmark", "bench-a", client(1), SMALL)
         assert "error" not in out, out
@@ -45,16 +34,16 @@ def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(pub
         assert len(rows) == 2 + 4 and rows[1]["mean_acceptance_length"] == "3.0"
 
 
-def test_a_benchmark_past_the_public_budget_is_refused_with_a_sentence(public):
-    demo, url = public
+def test_a_benchmark_past_the_public_budget_is_refused_with_a_sentence(public_app):
+    demo, url = public_app
     big = {**SMALL, "sl-bench-num-prompts": 80, "sl-bench-max-new": 512}
     with httpx.Client() as http:
         out = ui_event(http, url, demo, "run_benchmark", "bench-b", client(2), big)
     assert f"this public app allows {BENCH_WORK_BUDGET['cpu']:,} per run" in out["error"]
 
 
-def test_an_uploaded_file_that_is_not_mt_bench_jsonl_is_refused_in_one_line(public):
-    demo, url = public
+def test_an_uploaded_file_that_is_not_mt_bench_jsonl_is_refused_in_one_line(public_app):
+    demo, url = public_app
     with httpx.Client() as http:
         paths = http.post(url + "gradio_api/upload", files={"files": ("mine.jsonl", b'{"turns": ["ok"]}\nnot json\n')},
                           timeout=30).json()
