@@ -162,6 +162,18 @@ def in_dtype(module: nn.Linear, dtype: torch.dtype) -> nn.Linear:
     return copy
 
 
+class HeadView(nn.Linear):
+    """A Linear over another Linear's weight tensor, not a copy: a drafter's own module for the
+    target's head, so that marking it for int8 (``use_int8_weights``) quantizes the drafter's reads
+    only. Registered nowhere (``source`` is kept outside the module tree)."""
+
+    def __init__(self, source: nn.Linear):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = source.in_features, source.out_features
+        self.weight, self.bias = source.weight, source.bias
+        object.__setattr__(self, "source", source)
+
+
 class DrafterBase(nn.Module):
     """Cache, RoPE and shared-weight plumbing common to both drafters."""
 
@@ -202,13 +214,15 @@ class DrafterBase(nn.Module):
         self._mark_head()
 
     def own_head(self) -> nn.Linear | None:
-        """The head if its weights are the drafter's own (its lm_head, a shared-head EAGLE-3's hot
-        rows, a copy in another dtype), None where it is the target's module itself."""
+        """The head if it is the drafter's own module (its lm_head, a shared-head EAGLE-3's hot rows,
+        a copy in another dtype, a view of the target's head's weight), None where it is the
+        target's module itself."""
         head = self.lm_head
         if not isinstance(head, nn.Linear):
             return None
         registered = any(m is head for m in self.modules())
-        return head if registered or getattr(head.weight, "_speclens_copy", False) else None
+        own = registered or getattr(head.weight, "_speclens_copy", False) or isinstance(head, HeadView)
+        return head if own else None
 
     def use_int8_head(self, on: bool = True) -> None:
         """Multiply the drafter's own head through an int8 copy on a CPU (demo.layers: a scale per
@@ -225,6 +239,13 @@ class DrafterBase(nn.Module):
         return head is not None and getattr(head, INT8_WEIGHTS, False)
 
     def _mark_head(self) -> None:
+        head = self.lm_head
+        if isinstance(head, nn.Linear) and self.own_head() is None and self.int8_head:
+            # the target's own module (EAGLE-1's head): draft through a view of its weight, which
+            # only the drafter reads in int8; the target's module and its multiplies stay as they are
+            object.__setattr__(self, "lm_head", HeadView(head))
+        elif isinstance(head, HeadView) and not self.int8_head:
+            object.__setattr__(self, "lm_head", head.source)  # no second fp32 copy of the target's head
         head = self.own_head()
         if head is not None:  # a small head is no draft step's cost: it stays as it is
             use_int8_weights([head], self.int8_head and head.weight.numel() * 4 >= INT8_HEAD_MIN_BYTES)

@@ -54,9 +54,18 @@ def test_an_int8_head_changes_no_token_and_drafts_as_in_fp32(tree, monkeypatch):
 def test_the_targets_head_a_drafter_borrows_is_never_quantized_but_its_hot_rows_are(monkeypatch):
     monkeypatch.setattr(drafter_common, "INT8_HEAD_MIN_BYTES", 0)
     target = Target(tiny_hf("llama"))
-    eagle = tiny_drafter("eagle", target)  # EAGLE-1 drafts through the target's lm_head itself
-    Engine(target, eagle, max_context=64, drafter_int8=True)
-    assert eagle.lm_head is target.lm_head and not getattr(target.lm_head, INT8_WEIGHTS, False)
+    eagle = tiny_drafter("eagle", target)  # EAGLE-1 drafts through the target's lm_head: through a view of its weight
+    engine = Engine(target, eagle, max_context=64, drafter_int8=True)
+    assert eagle.lm_head is not target.lm_head and eagle.lm_head.weight is target.lm_head.weight  # no fp32 copy
+    assert eagle.head_in_int8 and not getattr(target.lm_head, INT8_WEIGHTS, False)
+    x = torch.randn(2, target.config.hidden_size)
+    with torch.no_grad():
+        assert torch.allclose(linear(target.lm_head, x), x @ target.lm_head.weight.t(), atol=1e-5)  # fp32 for the target
+        assert stacked(eagle.lm_head)._prepacked()[0] == "int8" and stacked(target.lm_head)._prepacked()[0] != "int8"
+    tokens, _ = run(engine, PROMPT, max_new_tokens=30, num_spec_tokens=3, stop_token_ids=())
+    assert tokens == hf_greedy(target.hf, PROMPT, 30)
+    eagle.use_int8_head(False)
+    assert eagle.lm_head is target.lm_head and not eagle.head_in_int8  # back to the target's module, no second copy
     shared = tiny_drafter("eagle3", target, own_lm_head=False)
     shared.share_target(target)
     shared.limit_vocab(torch.tensor([3, 9, 40, 41, 200]))  # its hot rows: a copy of its own
