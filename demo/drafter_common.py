@@ -240,15 +240,18 @@ class DrafterBase(nn.Module):
 
     def _mark_head(self) -> None:
         head = self.lm_head
-        if isinstance(head, nn.Linear) and self.own_head() is None and self.int8_head:
+        if not isinstance(head, nn.Linear):
+            return
+        int8 = self.int8_head and head.weight.numel() * 4 >= INT8_HEAD_MIN_BYTES  # a small head is no draft step's cost
+        if int8 and self.own_head() is None:
             # the target's own module (EAGLE-1's head): draft through a view of its weight, which
             # only the drafter reads in int8; the target's module and its multiplies stay as they are
             object.__setattr__(self, "lm_head", HeadView(head))
-        elif isinstance(head, HeadView) and not self.int8_head:
+        elif isinstance(head, HeadView) and not int8:
             object.__setattr__(self, "lm_head", head.source)  # no second fp32 copy of the target's head
         head = self.own_head()
-        if head is not None:  # a small head is no draft step's cost: it stays as it is
-            use_int8_weights([head], self.int8_head and head.weight.numel() * 4 >= INT8_HEAD_MIN_BYTES)
+        if head is not None:
+            use_int8_weights([head], int8)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token embeddings in the drafter's dtype (the target's table may be in another)."""
