@@ -2,10 +2,13 @@
 do they first differ, and how far apart are the acceptance and the speed?
 
     python -m demo.compare runs/eagle3-eager.json runs/eagle3-graph.json runs/eagle3-compile.json
+    python -m demo.compare runs/ceiling.json runs/eagle3.json     # a run of --ceiling first: the shares
 
 The first file is the reference (eager, normally). This is how the project shows that graph mode
 changes nothing but time, and how close a compiled graph's acceptance stays to eager's (the
-regression vLLM's change caught).
+regression vLLM's change caught). Against a ``--ceiling`` run (the target drafting for itself, q = p)
+each run's acceptance is also given as a share of that ceiling: drafter quality told apart from the
+rule's (at T > 0 the tokens differ, so "identical" counts nothing there).
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(markdown(rows))
+    if ref["totals"]["config"].get("ceiling"):
+        for name, c in rows[1:]:
+            share = c["mean_acceptance_length"] / c["reference_mean_acceptance_length"]
+            print(f"{name}: {100 * share:.0f} % of the ceiling ({c['mean_acceptance_length']:.2f} of "
+                  f"{c['reference_mean_acceptance_length']:.2f} tokens a step)")
     for name, c in rows:
         if c["first_differences"]:
             where = ", ".join(f"prompt {i} at token {d}" for i, d in c["first_differences"][:8])

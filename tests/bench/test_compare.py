@@ -34,3 +34,14 @@ def test_compare_refuses_runs_of_different_prompts(tmp_path, capsys):
     assert "different prompts" in capsys.readouterr().err
     assert main([str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
     assert "| 2/2 |" in capsys.readouterr().out
+
+
+def test_against_a_ceiling_run_each_run_is_given_as_its_share_of_the_ceiling(tmp_path, capsys):
+    ceiling = report([[1], [2]], 4.0)
+    ceiling["totals"]["config"]["ceiling"] = True
+    (tmp_path / "ceiling.json").write_text(json.dumps(ceiling))
+    (tmp_path / "drafter.json").write_text(json.dumps(report([[1], [3]], 1.98)))
+    assert main([str(tmp_path / "ceiling.json"), str(tmp_path / "drafter.json")]) == 0
+    assert "50 % of the ceiling (1.98 of 4.00 tokens a step)" in capsys.readouterr().out
+    assert main([str(tmp_path / "drafter.json"), str(tmp_path / "ceiling.json")]) == 0  # not against a drafter run
+    assert "of the ceiling" not in capsys.readouterr().out
