@@ -199,7 +199,7 @@ def _sampled_tree_rule(tokens: torch.Tensor, parents: torch.Tensor, depths: torc
         p_at = torch.where(rank == r, p.gather(1, x).squeeze(1)[q_row], p_at)
         q_at = torch.where(rank == r, qv.gather(1, x).squeeze(1)[q_row], q_at)
         residual = (p - qv).clamp(min=0.0)  # [R, V] p_{r+1} unnormalised; one row sum serves both the
-        total = residual.sum(-1, keepdim=True)  # normalising and the fallback (_or_fallback(_normalise(.)))
+        total = residual.sum(-1, keepdim=True)  # normalising and the fallback to p where no mass is left
         p = torch.where(has & (total > 0), residual / total, p)  # p_{r+1}
         if without_replacement:  # q_{r+1}: x_r cannot come again; what is left sums to 1 - q_r(x_r)
             left = 1.0 - qv.gather(1, x)  # [R, 1]
@@ -262,12 +262,6 @@ def _emit(tokens: torch.Tensor, path: torch.Tensor, num_accepted: torch.Tensor,
     drafts = tokens[torch.cat((path, path.new_zeros(1)))]  # [D+1]
     drafts = torch.where(j < num_accepted, drafts, 0)
     return torch.where(j == num_accepted, token, drafts)
-
-
-def _normalise(p: torch.Tensor) -> torch.Tensor:
-    """[..., V] non-negative -> [..., V], each row summing to 1, or all zeros when it has no mass."""
-    total = p.sum(-1, keepdim=True)
-    return p / torch.where(total > 0, total, 1.0)
 
 
 def _or_fallback(p: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
