@@ -27,7 +27,7 @@ def register_listeners(c: Controls, cache: ModelCache, hosting: Hosting) -> None
     replies = chat_stream.register(c, cache, hosting)
     plays = playback.register(c, cache, replies)
     stopped, cleared = chat_stream.register_stop(c, cache, [*replies, *plays])
-    settings_panel.register(c)
+    settings_panel.register(c, Session(cache.get(cache.default_name)).device.type)
     models_panel.register(c, cache)
     inspect_panel.register(c, cache)
     trace_download.register(c, cache, [*replies, stopped], cleared)

@@ -112,22 +112,28 @@ class Session:
         """The mode the app offers first: graph mode where it runs (a dedicated GPU), else eager."""
         return "eager" if self.cudagraph_unavailable() else "cudagraph"
 
-    def default_draft(self) -> tuple[int, TreeShape]:
-        """(k, tree) the app offers first here: the fastest measured shape on this device."""
-        return default_draft(self.device.type)
+    def default_draft(self, temperature: float = 0.0) -> tuple[int, TreeShape | None]:
+        """(k, tree) the app offers first here: the fastest measured shape on this device at
+        `temperature`."""
+        return default_draft(self.device.type, temperature)
 
     def warmup(self, modes: tuple[str, ...] = ("eager",)) -> float:
-        """One tiny generation per mode with the default method and draft shape (kernels,
-        allocations, and in cudagraph mode that shape's capture, so the app's first request with
-        its default settings captures nothing). Returns the seconds it took."""
+        """One tiny generation per mode with the default method and draft shape, and at T > 0 with
+        that temperature's where it differs (kernels, allocations, and in cudagraph mode the shapes'
+        capture, so the app's first request with default settings captures nothing). Returns the
+        seconds it took."""
         start = time.perf_counter()
         ids = self.tokenizer("Hi")["input_ids"] or [0]
         method = self.methods()[-1]
-        k, tree = self.default_draft()
-        gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, k), tree=tree)
+        drafts = {0.0: self.default_draft(0.0)}
+        if self.default_draft(1.0) != drafts[0.0]:
+            drafts[1.0] = self.default_draft(1.0)
         for mode in modes:
-            for _ in self.engine(method, mode).generate(ids, gen):
-                pass
+            for temperature, (k, tree) in drafts.items():
+                gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, k), tree=tree,
+                                       temperature=temperature)
+                for _ in self.engine(method, mode).generate(ids, gen):
+                    pass
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ requests

@@ -19,29 +19,31 @@ from demo.ui.html.render import render_chat
 
 
 def register(cache: ModelCache, hosting: Hosting) -> None:
-    session = Session(cache.get(cache.default_name))
     d, g = DEFAULT_REQUEST, DEFAULT_REQUEST.gen
-    k, tree = session.default_draft()  # the device's fastest mode and draft shape, as the page offers first
-    mode = session.default_mode()
+    mode = Session(cache.get(cache.default_name)).default_mode()
 
-    def generate(prompt: str, method: str = d.method, mode: str = mode, num_spec_tokens: int = k,
+    def generate(prompt: str, method: str = d.method, mode: str = mode, num_spec_tokens: int | None = None,
                  temperature: float = g.temperature, top_p: float = g.top_p, max_new_tokens: int = g.max_new_tokens,
-                 seed: int = g.seed, tree_topk: int = tree.topk if tree else 0,
-                 num_draft_tokens: int = tree.num_draft_tokens if tree else 0, draft_sampling: str = g.draft_sampling) -> Iterator[dict]:
+                 seed: int = g.seed, tree_topk: int | None = None, num_draft_tokens: int | None = None,
+                 draft_sampling: str = g.draft_sampling) -> Iterator[dict]:
         """Generate a reply to `prompt` (one turn), streaming one value per decoding step. Each value
         holds `delta` (the text this step added), `step`, `stats` (the stats panel's numbers:
         tokens_per_call, mean_acceptance_length, acceptance_per_position, tokens_per_s, ...),
         `status`, `done`, `finish_reason`, and in the last value `text`, the whole reply, and
         `html`, the highlighted rendering the UI shows (so a reply streams in size linear in its length). tree_topk > 0
         drafts a tree of depth num_spec_tokens with that many children per node, verifying
-        num_draft_tokens per step (the root included; 0: every node); 0 drafts a chain. The
-        defaults are the device's fastest mode and draft shape."""
-        tree = TreeShape(tree_topk, num_draft_tokens) if tree_topk else None
-        request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=num_spec_tokens,
+        num_draft_tokens per step (the root included; 0: every node); 0 drafts a chain. The mode
+        defaults to the device's fastest, and num_spec_tokens, tree_topk and num_draft_tokens left
+        out (None) to the device's fastest draft shape at this temperature."""
+        session = Session(cache.get(cache.default_name))
+        # a temperature that is not a number takes the greedy default; the request's checks refuse it
+        sampled = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
+        k, tree = draft_of(session.default_draft(temperature if sampled else 0.0), num_spec_tokens, tree_topk,
+                           num_draft_tokens)
+        request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=k,
                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                              tree=tree, draft_sampling=draft_sampling)
         request.time_limit_s = hosting.time_limit()
-        session = Session(cache.get(cache.default_name))
         try:
             hosting.check_work(request, session.device)
             yield from values(session.generate(request), session)
@@ -49,6 +51,16 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
             raise gr.Error(str(e), print_exception=False) from None
 
     gr.api(zerogpu.on_gpu(generate), api_name="generate", concurrency_id=ENGINE)
+
+
+def draft_of(default: tuple[int, TreeShape | None], num_spec_tokens: int | None, tree_topk: int | None,
+             num_draft_tokens: int | None) -> tuple[int, TreeShape | None]:
+    """(k, tree) of a /generate call: each of its three shape parameters as given, or where left
+    out (None) as in `default`, the device's fastest shape at the request's temperature."""
+    k, tree = default
+    topk = (tree.topk if tree else 0) if tree_topk is None else tree_topk
+    nodes = (tree.num_draft_tokens if tree else 0) if num_draft_tokens is None else num_draft_tokens
+    return (k if num_spec_tokens is None else num_spec_tokens), (TreeShape(topk, nodes) if topk else None)
 
 
 def values(updates, session: Session) -> Iterator[dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape, default_tree
+from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape, default_draft, default_tree
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.service.model_cache import RANDOM_INIT
 from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number
@@ -109,6 +109,31 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
                 seed=seed, compare=compare)
 
 
+def shown_draft(draft: tuple[int, TreeShape | None], topk, nodes) -> tuple:
+    """A draft (k, tree) as the page's k, shape, top-k and verified-tokens settings show it (a chain
+    keeps whatever the hidden tree settings hold)."""
+    k, tree = draft
+    return (k, "chain", topk, nodes) if tree is None else (k, "tree", tree.topk, tree.num_draft_tokens)
+
+
+def draft_at_temperature(device_type: str, temperature, k, shape, topk, nodes) -> tuple | None:
+    """The draft settings (k, shape, top-k, verified tokens) the page moves to when the temperature
+    changes: the device's fastest shape at the new temperature (``default_draft``), where the page
+    still shows the fastest at the other side of 0; a shape the visitor chose stays (None)."""
+    sampled = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
+    here, there = default_draft(device_type, 1.0 if sampled else 0.0), default_draft(device_type, 0.0 if sampled else 1.0)
+    if here == there:
+        return None
+    try:
+        current = (int(k), shape, int(topk), int(nodes))
+    except (TypeError, ValueError):
+        return None
+    width = 2 if there[1] is None else 4  # a chain is its k and shape; a tree's top-k and tokens count too
+    if current[:width] != shown_draft(there, *current[2:])[:width]:
+        return None
+    return shown_draft(here, *current[2:])
+
+
 def refusal(name: str, value, lo, hi) -> str | None:
     """The sentence refusing a typed `value` of setting `name` outside [lo, hi] (or not a number)."""
     try:
@@ -118,8 +143,9 @@ def refusal(name: str, value, lo, hi) -> str | None:
     return None
 
 
-def register(c: Controls) -> None:
-    """What follows a setting on the page at once (no queue, no engine)."""
+def register(c: Controls, device_type: str) -> None:
+    """What follows a setting on the page at once (no queue, no engine); `device_type`: where the
+    app's models run, whose fastest draft shapes the settings start from."""
 
     def refuse(message: str) -> dict:
         gr.Warning(message)
@@ -163,6 +189,13 @@ def register(c: Controls) -> None:
     for component in (c.num_spec_tokens, c.tree_topk):
         component.change(tree_sizes, inputs=[c.num_spec_tokens, c.tree_topk, c.num_draft_tokens],
                          outputs=[c.num_draft_tokens], **now)
+    def follow_temperature(temperature, k, shape, topk, nodes):
+        """Across T = 0 an untouched draft shape becomes the device's fastest at the new temperature."""
+        moved = draft_at_temperature(device_type, temperature, k, shape, topk, nodes)
+        return [gr.skip()] * 4 if moved is None else list(moved)
+
+    draft = [c.num_spec_tokens, c.draft_shape, c.tree_topk, c.num_draft_tokens]
+    c.temperature.change(follow_temperature, inputs=[c.temperature, *draft], outputs=draft, preprocess=False, **now)
     c.method.change(method_options, inputs=[c.method], outputs=[c.compare], **now)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], **now)
     c.settings_button.click(None, js=TOGGLE_SETTINGS_JS, **PRIVATE)

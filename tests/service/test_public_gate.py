@@ -148,7 +148,7 @@ def test_the_time_limit_stops_the_engine_at_the_step_that_passes_it_and_only_in_
 
 
 # ---------------------------------------------------------------------- 4. bad values, answered in a sentence
-BAD_GENERATE = [dict(num_spec_tokens=None), dict(num_spec_tokens=float("nan")), dict(num_spec_tokens=float("inf")),
+BAD_GENERATE = [dict(num_spec_tokens="3"), dict(num_spec_tokens=float("nan")), dict(num_spec_tokens=float("inf")),
                 dict(max_new_tokens=float("nan")), dict(max_new_tokens=float("inf")), dict(max_new_tokens=[8]),
                 dict(tree_topk="2", num_draft_tokens="4"), dict(tree_topk=2, num_draft_tokens="x"),
                 dict(temperature=float("-inf")), dict(seed=float("inf"))]

@@ -401,3 +401,23 @@ def test_in_bf16_compare_checks_the_reply_against_target_only_run_at_the_verific
     assert any(f is not None for f in flips)  # a 1-row run flipped a near-tie, and the reply still held
     fp32 = list(tiny_session().generate(request))[-1].chat.comparison
     assert fp32.reference_width == 1 and fp32.one_row_difference is None and fp32.identical is True
+
+
+def test_the_warm_up_runs_the_default_draft_shape_of_each_side_of_zero(monkeypatch):
+    import demo.config as config
+
+    session = tiny_session()
+    asked = []
+    real = Engine.generate
+
+    def generate(self, prompt_ids, gen):
+        asked.append((gen.temperature, gen.num_spec_tokens, gen.tree))
+        return real(self, prompt_ids, gen)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    session.warmup(("eager",))
+    assert asked == [(0.0, 3, None)]  # a CPU: one default at every temperature
+    asked.clear()
+    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
+    session.warmup(("eager",))
+    assert asked == [(0.0, 3, None), (1.0, 2, TreeShape(2, 4))]

@@ -93,14 +93,30 @@ def test_a_reply_streams_what_each_step_added_and_its_whole_rendering_once(clien
     assert [v["step"] for v in values] == sorted(v["step"] for v in values)  # one value per step, in order
 
 
-def test_the_defaults_are_the_devices_fastest_mode_and_draft_shape(client):
+def test_the_defaults_are_the_devices_fastest_mode_and_its_draft_shape_at_the_requests_temperature(client):
     from demo.config import default_draft
 
     api = client.view_api(return_format="dict", print_info=False)
     defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
-    k, tree = default_draft("cpu")
     assert defaults["mode"] == "eager"  # a CPU: graph mode needs a CUDA GPU
-    assert (defaults["num_spec_tokens"], defaults["tree_topk"]) == (k, tree.topk if tree else 0)
+    assert defaults["num_spec_tokens"] is defaults["tree_topk"] is defaults["num_draft_tokens"] is None
+    for temperature in (0.0, 0.8):
+        values = list(client.submit(prompt="Say a", temperature=temperature, max_new_tokens=4, api_name="/generate"))
+        assert values[-1]["stats"]["num_spec_tokens"] == default_draft("cpu", temperature)[0]
+
+
+def test_a_shape_parameter_left_out_comes_from_the_devices_fastest_shape_at_the_temperature():
+    from demo.config import TreeShape, default_draft
+    from demo.ui.api import draft_of
+
+    greedy, sampled = default_draft("cuda", 0.0), default_draft("cuda", 1.0)
+    assert sampled != greedy and sampled[1].topk > greedy[1].topk  # a GPU at T > 0: shallower and wider
+    assert default_draft("cpu", 1.0) == default_draft("cpu", 0.0) == (3, None)
+    assert draft_of(sampled, None, None, None) == sampled
+    assert draft_of(sampled, 3, None, None) == (3, sampled[1])  # a depth given, the tree's width the default's
+    assert draft_of(greedy, None, 0, None) == (greedy[0], None)  # tree_topk 0: a chain
+    assert draft_of((3, None), None, 4, 8) == (3, TreeShape(4, 8))
+    assert draft_of((3, None), 5, None, None) == (5, None)
 
 
 def test_the_served_probe_answers_every_mode_and_shape_and_counts_a_replys_bytes(client):
