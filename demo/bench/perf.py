@@ -1,7 +1,7 @@
 """Speed side by side, and where a decoding step's time goes.
 
     python -m demo.perf table --prompts assets/prompts/categories.jsonl --num-prompts 20 [--drafters eagle3]
-    python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph
+    python -m demo.perf --method eagle3 -k 8 --tree-topk 8 --num-draft-tokens 96 --mode cudagraph [--launches draft]
     python -m demo.perf forward --shape llama-3.1-8b --widths 8 --kernels torch,fused --floor
 
 ``table``: one process, one loaded target, the same prompts (first turns, greedy): transformers'
@@ -14,7 +14,8 @@ verify ms per step, and its speed over transformers' best and over SpecLens' bes
 ``forward``: the verification forward alone on random weights of a named shape, per kernels
 choice and width (demo/bench/perf_forward.py).
 
-Without either: one step taken apart.
+Without either: one step taken apart (``--launches PHASE[,PHASE]``: those phases' every kernel too,
+in launch order, with its time).
 
 Runs one short generation (so every buffer holds a real step's state), then calls each phase of a
 step on its own: ``project`` (the drafter's feature projection), ``catch_up``, ``draft`` (the chain
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from demo.bench.timing import capture_alone, kernel_count, replay_ms
+from demo.bench.timing import capture_alone, launch_summary, launches, replay_ms
 from demo.engine import compile_step
 
 
@@ -50,6 +51,7 @@ class PhaseProfile:
     kernel_ms: float  # their summed device time (CPU: wall time of one call)
     top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
     graph_ms: float | None = None  # the phase captured alone, replayed (GPU; not accept, which moves the state on)
+    launches: list[tuple[str, float]] | None = None  # every (kernel, ms) in launch order, where asked (--launches)
 
 
 @dataclass
@@ -79,8 +81,9 @@ def _phase_graph_ms(fn, repeats: int) -> float:
 
 
 @torch.inference_mode()
-def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepProfile:
-    """Profile each phase of one decoding step of ``gen``'s shape, after a generation of ``gen``."""
+def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10, listed: tuple[str, ...] = ()) -> StepProfile:
+    """Profile each phase of one decoding step of ``gen``'s shape, after a generation of ``gen``;
+    the phases named in `listed` keep every kernel they launch, in order."""
     for _ in engine.generate(prompt_ids, gen):
         pass
     b = engine.prepare(gen.draft_shape(gen.num_spec_tokens if engine.drafter is not None else 0))
@@ -93,9 +96,10 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10) -> StepP
             fn()  # warm: the first call compiles
         elif name != "accept":
             fn()  # warm: a first call may pick kernels or allocate
-        kernels, ms, top = kernel_count(fn, cuda)
+        events, wall_ms = launches(fn, cuda)
+        kernels, ms, top = launch_summary(events, wall_ms, cuda)
         graph_ms = _phase_graph_ms(fn, repeats) if cuda and name != "accept" else None
-        phases.append(PhaseProfile(name, kernels, ms, top, graph_ms))
+        phases.append(PhaseProfile(name, kernels, ms, top, graph_ms, events if name in listed else None))
     out = StepProfile(phases, prompt_tokens=len(prompt_ids), prefill_rows=engine.prefill_bucket(len(prompt_ids)))
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
         out.attend = engine.attended(engine.last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
@@ -124,6 +128,10 @@ def format_profile(profile: StepProfile, title: str) -> str:
     if profile.prefill_graph_ms is not None:
         lines.append(f"prefill graph replay ({profile.prompt_tokens} prompt tokens, run at {profile.prefill_rows} "
                      f"rows): {profile.prefill_graph_ms:.3f} ms")
+    for p in profile.phases:
+        if p.launches is not None:
+            lines += ["", f"{p.name}: {len(p.launches)} launches in order (ms, kernel)"]
+            lines += [f"{ms:9.4f}  {name[:110]}" for name, ms in p.launches]
     return "\n".join(lines)
 
 
@@ -277,6 +285,21 @@ def _drafters_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
     return argv[:i] + argv[i + 2:], methods
 
 
+def _launches_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """``--launches draft[,catch_up,...]``: the step phases whose every kernel is listed, in launch
+    order; the other flags are the bench's."""
+    from demo.engine import PHASES
+
+    if "--launches" not in argv:
+        return argv, ()
+    i = argv.index("--launches")
+    phases = tuple(p for p in (argv[i + 1] if i + 1 < len(argv) else "").split(",") if p)
+    if not phases or any(p not in PHASES for p in phases):
+        raise SystemExit(f"--launches takes step phases ({', '.join(PHASES)}), comma-separated, "
+                         f"not {argv[i + 1] if i + 1 < len(argv) else ''!r}")
+    return argv[:i] + argv[i + 2:], phases
+
+
 def main(argv: list[str] | None = None) -> int:
     from demo.bench.cli import parse_args
     from demo.bench.measure import build_engine, load_questions
@@ -292,12 +315,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(forward_main(argv[1:]))
         return 0
+    argv, listed = _launches_flag(argv)
     config = parse_args(argv)
     engine, tokenizer = build_engine(config)
     question = load_questions(config)[0]
     ids = chat_ids(tokenizer, [{"role": "user", "content": question["turns"][0]}])
     gen = config.generation(max_new_tokens=min(config.max_new_tokens, 64))
-    profile = profile_step(engine, ids, gen)
+    profile = profile_step(engine, ids, gen, listed=listed)
     from dataclasses import asdict
 
     shape = config.shape

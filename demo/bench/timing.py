@@ -13,6 +13,23 @@ import torch
 def kernel_count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float]]]:
     """fn run once under the profiler: (kernels and copies launched, their summed device ms, the six
     costliest as (name, count, ms)); on a CPU top-level operators and the wall time instead."""
+    return launch_summary(*launches(fn, cuda), cuda)
+
+
+def launch_summary(events: list[tuple[str, float]], wall_ms: float, cuda: bool) -> tuple[int, float, list]:
+    """kernel_count's figures from launches()'s events and wall time."""
+    per = Counter()
+    count = Counter()
+    for name, ms in events:
+        per[name] += ms
+        count[name] += 1
+    top = [(name, count[name], ms) for name, ms in per.most_common(6)]
+    return len(events), (sum(per.values()) if cuda else wall_ms), top
+
+
+def launches(fn, cuda: bool) -> tuple[list[tuple[str, float]], float]:
+    """fn run once under the profiler: ([(kernel, device ms)] in launch order, on a CPU its top-level
+    operators and their host ms; the wall ms of the call)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
@@ -26,13 +43,8 @@ def kernel_count(fn, cuda: bool) -> tuple[int, float, list[tuple[str, int, float
         events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     else:
         events = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith(("aten::", "mkldnn::"))]
-    per = Counter()
-    count = Counter()
-    for e in events:
-        per[e.name] += e.time_range.elapsed_us() / 1e3
-        count[e.name] += 1
-    top = [(name, count[name], ms) for name, ms in per.most_common(6)]
-    return len(events), (sum(per.values()) if cuda else wall_ms), top
+    events.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.elapsed_us() / 1e3) for e in events], wall_ms
 
 
 def capture_alone(fn) -> "torch.cuda.CUDAGraph":

@@ -149,3 +149,21 @@ def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_and_refuse
                 "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8"):
         with pytest.raises(SystemExit):
             parse_args(["--kernels", "fused", "--tiles", bad, "--device", "cpu"])
+
+
+def test_the_phases_asked_for_list_every_launch_in_order_and_the_others_none():
+    from demo.bench.perf import _launches_flag
+
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
+    gen = GenerationConfig(max_new_tokens=8, num_spec_tokens=3, tree=TreeShape(2, 6), stop_token_ids=())
+    profile = profile_step(engine, [1, 17, 99, 4], gen, listed=("draft",))
+    draft = next(p for p in profile.phases if p.name == "draft")
+    assert draft.launches is not None and len(draft.launches) == draft.kernels
+    assert sum(c for _, c, _ in draft.top) <= draft.kernels and all(ms >= 0 for _, ms in draft.launches)
+    assert all(p.launches is None for p in profile.phases if p.name != "draft")
+    text = format_profile(profile, "title")
+    assert f"draft: {draft.kernels} launches in order" in text and draft.launches[0][0][:40] in text
+    assert _launches_flag(["-k", "3", "--launches", "draft,verify"]) == (["-k", "3"], ("draft", "verify"))
+    with pytest.raises(SystemExit, match="step phases"):
+        _launches_flag(["--launches", "drafting"])
