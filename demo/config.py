@@ -46,17 +46,19 @@ class TreeShape:
 # visitor picks start from DEFAULT_TREES. docs/RESULTS.md ("Draft shapes") has the figures.
 DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64)), "cpu": (3, None)}
 DEFAULT_TREES = {"cuda": TreeShape(8, 64), "cpu": TreeShape(2, 8)}
-# At T > 0, with drafts drawn without replacement (the default rule): on a GPU a shallower, wider
-# tree, whose levels 6 and 7 are seldom reached at T = 1 and whose ten children a node are; the
-# fastest shape measured on both validation sets (docs/RESULTS.md, "At T = 1"). Elsewhere as at T = 0.
+# At T > 0 (drafts drawn without replacement, the default rule) a GPU drafts a shallower, wider tree:
+# at T = 1 few steps reach levels 6 and 7, and ten children a node accept as much as two more levels.
+# The fastest shape measured on both validation sets (docs/RESULTS.md, "At T = 1"); elsewhere as at T = 0.
 SAMPLED_DEFAULT_DRAFTS = {"cuda": (5, TreeShape(10, 96))}
 
 
-def default_draft(device_type: str, temperature: float = 0.0) -> tuple[int, TreeShape | None]:
+def default_draft(device_type: str, temperature=0.0) -> tuple[int, TreeShape | None]:
     """(k, tree) to offer first on a device ("cuda", "cpu", ...) at `temperature`; tree None: a
-    chain of k."""
+    chain of k. A temperature that is not a positive number (a request's checks refuse all but 0)
+    takes the greedy one."""
     greedy = DEFAULT_DRAFTS.get(device_type, DEFAULT_DRAFTS["cpu"])
-    return greedy if temperature <= 0.0 else SAMPLED_DEFAULT_DRAFTS.get(device_type, greedy)
+    sampled = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
+    return SAMPLED_DEFAULT_DRAFTS.get(device_type, greedy) if sampled else greedy
 
 
 def default_tree(device_type: str) -> TreeShape:

@@ -112,7 +112,7 @@ class Session:
         """The mode the app offers first: graph mode where it runs (a dedicated GPU), else eager."""
         return "eager" if self.cudagraph_unavailable() else "cudagraph"
 
-    def default_draft(self, temperature: float = 0.0) -> tuple[int, TreeShape | None]:
+    def default_draft(self, temperature=0.0) -> tuple[int, TreeShape | None]:
         """(k, tree) the app offers first here: the fastest measured shape on this device at
         `temperature`."""
         return default_draft(self.device.type, temperature)

@@ -36,10 +36,7 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
         defaults to the device's fastest, and num_spec_tokens, tree_topk and num_draft_tokens left
         out (None) to the device's fastest draft shape at this temperature."""
         session = Session(cache.get(cache.default_name))
-        # a temperature that is not a number takes the greedy default; the request's checks refuse it
-        sampled = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
-        k, tree = draft_of(session.default_draft(temperature if sampled else 0.0), num_spec_tokens, tree_topk,
-                           num_draft_tokens)
+        k, tree = draft_of(session.default_draft(temperature), num_spec_tokens, tree_topk, num_draft_tokens)
         request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=k,
                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                              tree=tree, draft_sampling=draft_sampling)

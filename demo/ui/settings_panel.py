@@ -120,10 +120,11 @@ def draft_at_temperature(device_type: str, temperature, k, shape, topk, nodes) -
     """The draft settings (k, shape, top-k, verified tokens) the page moves to when the temperature
     changes: the device's fastest shape at the new temperature (``default_draft``), where the page
     still shows the fastest at the other side of 0; a shape the visitor chose stays (None)."""
-    sampled = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
-    here, there = default_draft(device_type, 1.0 if sampled else 0.0), default_draft(device_type, 0.0 if sampled else 1.0)
-    if here == there:
+    greedy, sampled = default_draft(device_type, 0.0), default_draft(device_type, 1.0)
+    if greedy == sampled:
         return None
+    here = default_draft(device_type, temperature)
+    there = sampled if here == greedy else greedy
     try:
         current = (int(k), shape, int(topk), int(nodes))
     except (TypeError, ValueError):
@@ -189,6 +190,7 @@ def register(c: Controls, device_type: str) -> None:
     for component in (c.num_spec_tokens, c.tree_topk):
         component.change(tree_sizes, inputs=[c.num_spec_tokens, c.tree_topk, c.num_draft_tokens],
                          outputs=[c.num_draft_tokens], **now)
+
     def follow_temperature(temperature, k, shape, topk, nodes):
         """Across T = 0 an untouched draft shape becomes the device's fastest at the new temperature."""
         moved = draft_at_temperature(device_type, temperature, k, shape, topk, nodes)
