@@ -93,16 +93,22 @@ def test_a_reply_streams_what_each_step_added_and_its_whole_rendering_once(clien
     assert [v["step"] for v in values] == sorted(v["step"] for v in values)  # one value per step, in order
 
 
-def test_the_defaults_are_the_devices_fastest_mode_and_its_draft_shape_at_the_requests_temperature(client):
-    from demo.config import default_draft
+def test_the_defaults_are_the_devices_fastest_mode_and_its_draft_shape_at_the_requests_temperature(client, monkeypatch):
+    import demo.config as config
+    from demo.config import TreeShape, default_draft
 
     api = client.view_api(return_format="dict", print_info=False)
     defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
     assert defaults["mode"] == "eager"  # a CPU: graph mode needs a CUDA GPU
     assert defaults["num_spec_tokens"] is defaults["tree_topk"] is defaults["num_draft_tokens"] is None
-    for temperature in (0.0, 0.8):
+    # a device whose sampled default differs (as a GPU's does): a call without a shape decodes each side's
+    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
+    for temperature, k in ((0.0, default_draft("cpu", 0.0)[0]), (0.8, 2)):
         values = list(client.submit(prompt="Say a", temperature=temperature, max_new_tokens=4, api_name="/generate"))
-        assert values[-1]["stats"]["num_spec_tokens"] == default_draft("cpu", temperature)[0]
+        assert values[-1]["stats"]["num_spec_tokens"] == k
+    values = list(client.submit(prompt="Say a", temperature=0.8, num_spec_tokens=3, max_new_tokens=4,
+                                api_name="/generate"))
+    assert values[-1]["stats"]["num_spec_tokens"] == 3  # a shape given is kept
 
 
 def test_a_shape_parameter_left_out_comes_from_the_devices_fastest_shape_at_the_temperature():
