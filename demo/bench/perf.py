@@ -274,15 +274,23 @@ def run_table(argv: list[str]) -> str:
     return head + "\n\n" + format_table(rows)
 
 
+def _list_flag(argv: list[str], flag: str, allowed: tuple[str, ...], what: str) -> tuple[list[str], tuple[str, ...] | None]:
+    """``FLAG a[,b,...]`` taken out of argv: (the other flags, the names; None without the flag).
+    Each name must be one of `allowed` (`what` names them in the refusal)."""
+    if flag not in argv:
+        return argv, None
+    i = argv.index(flag)
+    given = argv[i + 1] if i + 1 < len(argv) else ""
+    names = tuple(n for n in given.split(",") if n)
+    if not names or any(n not in allowed for n in names):
+        raise SystemExit(f"{flag} takes {what}, comma-separated, not {given!r}")
+    return argv[:i] + argv[i + 2:], names
+
+
 def _drafters_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
     """``--drafters eagle3[,eagle]``: the table's drafters (default both); the other flags are the bench's."""
-    if "--drafters" not in argv:
-        return argv, ("eagle3", "eagle")
-    i = argv.index("--drafters")
-    methods = tuple(m for m in argv[i + 1].split(",") if m)
-    if not methods or any(m not in ("eagle3", "eagle") for m in methods):
-        raise SystemExit(f"--drafters takes eagle3 and/or eagle, comma-separated, not {argv[i + 1]!r}")
-    return argv[:i] + argv[i + 2:], methods
+    argv, methods = _list_flag(argv, "--drafters", ("eagle3", "eagle"), "eagle3 and/or eagle")
+    return argv, methods or ("eagle3", "eagle")
 
 
 def _launches_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
@@ -290,14 +298,8 @@ def _launches_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
     order; the other flags are the bench's."""
     from demo.engine import PHASES
 
-    if "--launches" not in argv:
-        return argv, ()
-    i = argv.index("--launches")
-    phases = tuple(p for p in (argv[i + 1] if i + 1 < len(argv) else "").split(",") if p)
-    if not phases or any(p not in PHASES for p in phases):
-        raise SystemExit(f"--launches takes step phases ({', '.join(PHASES)}), comma-separated, "
-                         f"not {argv[i + 1] if i + 1 < len(argv) else ''!r}")
-    return argv[:i] + argv[i + 2:], phases
+    argv, phases = _list_flag(argv, "--launches", tuple(PHASES), f"step phases ({', '.join(PHASES)})")
+    return argv, phases or ()
 
 
 def main(argv: list[str] | None = None) -> int:
