@@ -121,22 +121,22 @@ class DraftMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-INT8_HEAD_MIN_BYTES = 8 << 20  # an fp32 head this large or larger is read through its int8 copy (use_int8_head)
+INT8_MIN_BYTES = 8 << 20  # fp32 weights this large or larger (the head; the layer's projections together) go through int8 (use_int8)
 
 
 def drafter_int8(target_dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether a drafter's own head multiplies in int8 beside a target of `target_dtype` on
-    `device`: on a CPU whose drafter computes in fp32 (``drafter_dtype``), where a draft step is
-    bound by reading its weights and fbgemm's int8 multiply reads a quarter of the bytes
-    (docs/PERFORMANCE.md, "On a CPU")."""
+    """Whether a drafter's own head and decoder layer multiply in int8 beside a target of
+    `target_dtype` on `device`: on a CPU whose drafter computes in fp32 (``drafter_dtype``), where a
+    draft step is bound by reading its weights and fbgemm's int8 multiply reads a quarter of the
+    bytes (docs/PERFORMANCE.md, "On a CPU")."""
     return torch.device(device).type == "cpu" and drafter_dtype(target_dtype, device) == torch.float32 \
         and int8_available()
 
 
 def drafter_dtype(target_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
     """What a drafter computes in beside a target of `target_dtype` on `device`. Beside an fp32
-    target on a CPU a draft step is memory-bound: fp32 with its head read through an int8 copy
-    (``drafter_int8``) where this PyTorch multiplies int8, the quicker draft even on a CPU that
+    target on a CPU a draft step is memory-bound: fp32 with its head and layer read through int8
+    copies (``drafter_int8``) where this PyTorch multiplies int8, the quicker draft even on a CPU that
     multiplies bf16 natively (docs/PERFORMANCE.md, "On a CPU"); else bf16 on a CPU that multiplies
     it natively (AVX-512 BF16 or AMX), half the bytes; else the target's. Drafts never change the
     output, only how many are accepted."""
@@ -190,7 +190,8 @@ class DrafterBase(nn.Module):
         self.triton = True  # attention through demo.kernels.attend's kernels where they run; the target's choice once shared
         self.cache: KVCache | None = None
         self.cos = self.sin = None
-        self.int8_head = False  # use_int8_head: its own head multiplies in int8 on a CPU
+        self.int8_head = False  # use_int8: its own head multiplies in int8 on a CPU
+        self.int8_layer = False  # use_int8: its decoder layer's projections too
 
     @property
     def dtype(self) -> torch.dtype:
@@ -224,17 +225,34 @@ class DrafterBase(nn.Module):
         own = registered or getattr(head.weight, "_speclens_copy", False) or isinstance(head, HeadView)
         return head if own else None
 
-    def use_int8_head(self, on: bool = True) -> None:
-        """Multiply the drafter's own head through an int8 copy on a CPU (demo.layers: a scale per
-        output row, the normed input quantized per call): the head is most of a draft step's bytes
-        there, and drafts never change the output. The layer before it stays in fp32: its inputs
-        (the target's features) carry outliers that one activation scale a call cannot keep."""
-        self.int8_head = on
+    def use_int8(self, on: bool = True, layer: bool = True) -> None:
+        """Multiply the drafter's own head, and with `layer` its decoder layer's projections (q/k/v,
+        o, gate/up, down), through int8 copies on a CPU (demo.layers: a scale per output row, the
+        input quantized per call), each from INT8_MIN_BYTES of fp32 weights. A draft step there is
+        bound by reading its weights, the head and the layer's MLP most of them, and drafts never
+        change the output: quantizing the layer cost the bundled EAGLE-3 no measurable acceptance
+        (docs/PERFORMANCE.md, "On a CPU"). ``fc`` stays in fp32: its inputs, the target's features,
+        carry outliers that one activation scale a call cannot keep."""
+        self.int8_head, self.int8_layer = on, on and layer
         self._mark_head()
+        linears = self.layer_linears()
+        large = sum(m.weight.numel() for m in linears) * 4 >= INT8_MIN_BYTES  # a tiny layer is no draft step's cost
+        use_int8_weights(linears, self.int8_layer and large)
+
+    def layer_linears(self) -> list[nn.Linear]:
+        """The decoder layer's projections: every registered Linear but ``fc`` and a registered head."""
+        head = self._modules.get("lm_head")
+        return [m for m in self.modules() if isinstance(m, nn.Linear) and m is not self.fc and m is not head]
+
+    @property
+    def layer_in_int8(self) -> bool:
+        """Whether drafting multiplies the decoder layer's projections through int8 copies now (use_int8)."""
+        linears = self.layer_linears()
+        return bool(linears) and all(getattr(m, INT8_WEIGHTS, False) for m in linears)
 
     @property
     def head_in_int8(self) -> bool:
-        """Whether drafting reads the head through its int8 copy now (use_int8_head, a head large enough)."""
+        """Whether drafting reads the head through its int8 copy now (use_int8, a head large enough)."""
         head = self.own_head()
         return head is not None and getattr(head, INT8_WEIGHTS, False)
 
@@ -242,7 +260,7 @@ class DrafterBase(nn.Module):
         head = self.lm_head
         if not isinstance(head, nn.Linear):
             return
-        int8 = self.int8_head and head.weight.numel() * 4 >= INT8_HEAD_MIN_BYTES  # a small head is no draft step's cost
+        int8 = self.int8_head and head.weight.numel() * 4 >= INT8_MIN_BYTES  # a small head is no draft step's cost
         if int8 and self.own_head() is None:
             # the target's own module (EAGLE-1's head): draft through a view of its weight, which
             # only the drafter reads in int8; the target's module and its multiplies stay as they are

@@ -241,7 +241,7 @@ class Engine:
     """Target plus optional drafter, run eagerly or from CUDA graphs captured before generation."""
 
     def __init__(self, target: Target, drafter=None, *, mode: str = "eager", compile: bool | str = False,
-                 max_context: int = 2048, drafter_dtype: torch.dtype | None = None, drafter_int8: bool = False):
+                 max_context: int = 2048, drafter_dtype: torch.dtype | None = None, drafter_int8: bool | str = False):
         """compile: False; "drafter" or True (the drafter's captured steps, as in the vLLM change
         this project comes from, and the greedy acceptance test, which takes argmaxes and moves
         state, exact compiled or not: the target's forward keeps eager's numerics, so the output
@@ -252,8 +252,9 @@ class Engine:
         drafter_dtype: what the drafter computes in; None: the target's. Drafts never change the
         output, only how many are accepted (``demo.drafter_common.drafter_dtype`` picks bf16 beside
         an fp32 target on a CPU that multiplies bf16 natively). drafter_int8: on a CPU, the drafter's
-        own head multiplies through an int8 copy (``DrafterBase.use_int8_head``;
-        ``demo.drafter_common.drafter_int8`` says where that is the quicker)."""
+        own head and its decoder layer's projections multiply through int8 copies
+        (``DrafterBase.use_int8``; ``demo.drafter_common.drafter_int8`` says where that is the
+        quicker); "head": the head alone (what the bench compares against)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         compile = "drafter" if compile is True else compile
@@ -264,7 +265,7 @@ class Engine:
                              f"{target.device.type} (use mode='eager')")
         self.target = target
         self.drafter_dtype = drafter_dtype or target.dtype
-        self.drafter_int8 = drafter_int8 and target.device.type == "cpu"
+        self.drafter_int8 = drafter_int8 if drafter_int8 in (True, "head") and target.device.type == "cpu" else False
         self.mode = mode
         self.compile = compile
         self.max_context = min(max_context, target.config.max_position_embeddings)
@@ -306,8 +307,8 @@ class Engine:
             return
         drafter.to(device=self.target.device, dtype=self.drafter_dtype).eval().requires_grad_(False)
         drafter.share_target(self.target)  # after the move: a head borrowed in another dtype is copied
-        if hasattr(drafter, "use_int8_head"):  # a drafter without a head of its own (an oracle) has none to quantize
-            drafter.use_int8_head(self.drafter_int8)
+        if hasattr(drafter, "use_int8"):  # a drafter without weights of its own (an oracle) has none to quantize
+            drafter.use_int8(bool(self.drafter_int8), layer=self.drafter_int8 is True)
         # the context, then scratch slots for the rows of a tree's frontier nodes (demo/tree.py)
         drafter.setup_cache(self.max_context + TREE_SCRATCH)
 

@@ -72,9 +72,10 @@ def parser() -> argparse.ArgumentParser:
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     e.add_argument("--max-context", type=int, default=2048, help="engine context (prompt + new tokens + k + 1)")
     e.add_argument("--drafter-dtype", choices=DRAFTER_DTYPES, default="auto",
-                   help="what the drafter computes in: auto is bf16 beside an fp32 target on a CPU that multiplies "
-                        "bf16 natively, else the target's, its own head through an int8 copy on a CPU in fp32 "
-                        "(demo.drafter_common.drafter_dtype, drafter_int8); int8-head: fp32 with that head")
+                   help="what the drafter computes in: auto is, beside an fp32 target on a CPU, fp32 with its "
+                        "head and decoder layer through int8 copies (int8) where PyTorch multiplies int8, else bf16 "
+                        "where the CPU does natively, else the target's (demo.drafter_common.drafter_dtype, "
+                        "drafter_int8); int8-head: fp32 with the head alone in int8")
     g = p.add_argument_group("generation")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)

@@ -28,7 +28,7 @@ WARMUP_MAX_NEW_TOKENS = 16  # enough to capture and compile every step function;
 HOT_TOKENS = ("auto", "on", "off")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTER_DTYPES = ("auto", "target", "float32", "bfloat16", "int8-head")
+DRAFTER_DTYPES = ("auto", "target", "float32", "bfloat16", "int8", "int8-head")
 
 
 class BenchConfigError(ValueError):

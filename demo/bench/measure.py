@@ -79,16 +79,25 @@ def chosen_drafter_dtype(choice: str, target):
 
     if choice == "auto":
         return drafter_dtype(target.dtype, target.device)
-    if choice == "int8-head":
+    if choice in ("int8", "int8-head"):
         return torch.float32
     return target.dtype if choice == "target" else getattr(torch, choice)
 
 
-def chosen_drafter_int8(choice: str, target) -> bool:
-    """--drafter-dtype: whether the drafter's own head multiplies in int8 (a CPU only)."""
+def chosen_drafter_int8(choice: str, target) -> bool | str:
+    """--drafter-dtype: whether the drafter's head and layer multiply in int8 (a CPU only), or
+    ("int8-head") its head alone."""
     from demo.drafter_common import drafter_int8
 
-    return choice == "int8-head" or (choice == "auto" and drafter_int8(target.dtype, target.device))
+    if choice == "int8-head":
+        return "head"
+    return choice == "int8" or (choice == "auto" and drafter_int8(target.dtype, target.device))
+
+
+def int8_label(drafter) -> str:
+    """What of the drafter multiplies through int8 copies, as a report's drafter_dtype adds it."""
+    layer, head = getattr(drafter, "layer_in_int8", False), drafter.head_in_int8
+    return ", layer and head int8" if layer and head else ", layer int8" if layer else ", head int8" if head else ""
 
 
 def load_questions(config: BenchConfig) -> list[dict]:
@@ -258,7 +267,7 @@ def describe_config(config: BenchConfig, engine) -> dict:
             "draft_sampling": config.draft_sampling, "mode": config.mode, "compile": config.compile or False,
             "fault": config.fault,
             "kernels": config.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),
-            "drafter_dtype": (dtype_label(engine.drafter_dtype) + (", head int8" if engine.drafter.head_in_int8 else "")
+            "drafter_dtype": (dtype_label(engine.drafter_dtype) + int8_label(engine.drafter)
                               if engine.drafter is not None else None),
             "max_context": engine.max_context, "temperature": config.temperature, "top_p": config.top_p,
             "seed": config.seed, "max_new_tokens": config.max_new_tokens,

@@ -1,6 +1,6 @@
-"""A drafter's head through an int8 copy on a CPU (what a CPU without native bf16 runs:
-demo.drafter_common.drafter_int8): the output stays the target's token for token, the drafts stay
-the fp32 head's nearly everywhere, and the target's own weights are never quantized."""
+"""A drafter's head and decoder layer through int8 copies on a CPU (what a CPU beside an fp32 target
+runs: demo.drafter_common.drafter_int8): the output stays the target's token for token, the drafts
+stay the fp32 drafter's nearly everywhere, fc and the target's own weights are never quantized."""
 
 import pytest
 import torch
@@ -33,8 +33,8 @@ def test_an_int8_copy_multiplies_within_its_quantization_error_and_unmarked_is_f
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 8)], ids=["chain", "tree"])
-def test_an_int8_head_changes_no_token_and_drafts_as_in_fp32(tree, monkeypatch):
-    monkeypatch.setattr(drafter_common, "INT8_HEAD_MIN_BYTES", 0)  # the tiny head counts as a large one
+def test_an_int8_drafter_changes_no_token_and_drafts_as_in_fp32(tree, monkeypatch):
+    monkeypatch.setattr(drafter_common, "INT8_MIN_BYTES", 0)  # the tiny head counts as a large one
     hf = tiny_hf("llama")
     ref = hf_greedy(hf, PROMPT, 40)
     target = Target(hf)
@@ -45,14 +45,27 @@ def test_an_int8_head_changes_no_token_and_drafts_as_in_fp32(tree, monkeypatch):
         tokens, events = run(engine, PROMPT, max_new_tokens=40, num_spec_tokens=3, tree=tree, stop_token_ids=())
         assert tokens == ref
         assert getattr(drafter.lm_head, INT8_WEIGHTS, False) is int8 and drafter.head_in_int8 is int8
-        assert not any(getattr(m, INT8_WEIGHTS, False) for m in drafter.midlayer.modules())  # the layer stays fp32
+        layer = [m for m in drafter.midlayer.modules() if isinstance(m, nn.Linear)]
+        assert len(layer) == 7 and all(getattr(m, INT8_WEIGHTS, False) is int8 for m in layer)  # q/k/v, o, gate/up, down
+        assert drafter.layer_in_int8 is int8 and not getattr(drafter.fc, INT8_WEIGHTS, False)  # fc stays fp32
         drafts[int8] = [t for e in events for t in e.draft_ids]
     same = sum(a == b for a, b in zip(drafts[False], drafts[True]))
     assert same >= 0.8 * len(drafts[False]) > 0
 
 
+def test_the_head_alone_in_int8_leaves_the_layer_in_fp32(monkeypatch):
+    monkeypatch.setattr(drafter_common, "INT8_MIN_BYTES", 0)
+    target = Target(tiny_hf("llama"))
+    drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
+    engine = Engine(target, drafter, max_context=64, drafter_int8="head")
+    assert engine.drafter_int8 == "head" and drafter.head_in_int8 and not drafter.layer_in_int8
+    drafter.use_int8(False)
+    assert not drafter.head_in_int8 and not drafter.layer_in_int8
+    assert Engine(target, drafter, max_context=64, drafter_int8="no").drafter_int8 is False  # only True or "head"
+
+
 def test_the_targets_head_a_drafter_borrows_is_never_quantized_but_its_hot_rows_are(monkeypatch):
-    monkeypatch.setattr(drafter_common, "INT8_HEAD_MIN_BYTES", 0)
+    monkeypatch.setattr(drafter_common, "INT8_MIN_BYTES", 0)
     target = Target(tiny_hf("llama"))
     eagle = tiny_drafter("eagle", target)  # EAGLE-1 drafts through the target's lm_head: through a view of its weight
     engine = Engine(target, eagle, max_context=64, drafter_int8=True)
@@ -64,7 +77,7 @@ def test_the_targets_head_a_drafter_borrows_is_never_quantized_but_its_hot_rows_
         assert stacked(eagle.lm_head)._prepacked()[0] == "int8" and stacked(target.lm_head)._prepacked()[0] != "int8"
     tokens, _ = run(engine, PROMPT, max_new_tokens=30, num_spec_tokens=3, stop_token_ids=())
     assert tokens == hf_greedy(target.hf, PROMPT, 30)
-    eagle.use_int8_head(False)
+    eagle.use_int8(False)
     assert eagle.lm_head is target.lm_head and not eagle.head_in_int8  # back to the target's module, no second copy
     shared = tiny_drafter("eagle3", target, own_lm_head=False)
     shared.share_target(target)
@@ -81,7 +94,7 @@ def test_a_small_head_stays_in_fp32_and_a_gpu_engine_never_quantizes():
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_the_int8_head_is_chosen_on_any_cpu_beside_an_fp32_target_native_bf16_or_not(native, monkeypatch):
+def test_the_int8_drafter_is_chosen_on_any_cpu_beside_an_fp32_target_native_bf16_or_not(native, monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert drafter_int8(torch.float32, "cpu") is int8_available()  # quicker than a bf16 drafter where both run
