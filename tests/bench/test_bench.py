@@ -381,3 +381,18 @@ def test_first_difference_finds_the_first_differing_position():
     assert first_difference([5, 6, 7], [5, 6, 7]) is None
     assert first_difference([5, 6, 7], [5, 9, 7]) == 1
     assert first_difference([5, 6], [5, 6, 7]) == 2  # one stopped early: they differ at index 2
+
+
+def test_drafter_dtype_int8_quantizes_the_layer_and_head_and_int8_head_the_head_alone():
+    assert bench.parse_args(["--drafter-dtype", "int8"]).drafter_dtype == "int8"
+    cpu = type("T", (), {"dtype": torch.float32, "device": torch.device("cpu")})()
+    gpu = type("T", (), {"dtype": torch.bfloat16, "device": torch.device("cuda")})()
+    assert measure.chosen_drafter_int8("int8", cpu) is True and measure.chosen_drafter_int8("int8-head", cpu) == "head"
+    assert measure.chosen_drafter_int8("float32", cpu) is False and measure.chosen_drafter_int8("auto", gpu) is False
+    assert measure.chosen_drafter_dtype("int8", cpu) == measure.chosen_drafter_dtype("int8-head", cpu) == torch.float32
+    drafter = type("D", (), {"layer_in_int8": True, "head_in_int8": True})()
+    assert measure.int8_label(drafter) == ", layer and head int8"
+    drafter.layer_in_int8 = False
+    assert measure.int8_label(drafter) == ", head int8"
+    oracle = type("O", (), {"head_in_int8": False})()  # a drafter with no weights of its own
+    assert measure.int8_label(oracle) == ""
