@@ -121,7 +121,7 @@ class DraftMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-INT8_MIN_BYTES = 8 << 20  # fp32 weights this large or larger (the head; the layer's projections together) go through int8 (use_int8)
+INT8_MIN_BYTES = 8 << 20  # the fp32 bytes from which a head, or a layer's projections together, go int8 (use_int8)
 
 
 def drafter_int8(target_dtype: torch.dtype, device: torch.device | str) -> bool:
