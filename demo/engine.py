@@ -882,6 +882,11 @@ class Engine:
             b.verify_tokens[:, :1].copy_(token.view(1, 1))
             b.verify_positions.copy_(torch.arange(P, P + b.shape.width, device=dev).view(1, -1))
         if k:  # the first catch-up redoes the prompt's last drafter row: (first token, h[P-1]) at P-1
+            # its other rows are unused, but the previous generation's would reach row 0 through a
+            # CPU's int8 drafter, whose activation scale is taken over all of a call's rows
+            b.catch_tokens[0, 1:].zero_()
+            if b.catch_features is not None:
+                b.catch_features[:, 1:].zero_()
             b.catch_tokens[0, :1].copy_(token.view(1))
             b.catch_positions.copy_(torch.arange(P - 1, P + k, device=dev).view(1, -1))
             b.catch_last.zero_()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from demo import drafter_common
-from demo.config import TreeShape
+from demo.config import GenerationConfig, TreeShape
 from demo.drafter_common import drafter_int8
 from demo.engine import Engine
 from demo.layers import INT8_WEIGHTS, int8_available, linear, stacked, use_int8_weights
@@ -99,3 +99,21 @@ def test_the_int8_drafter_is_chosen_on_any_cpu_beside_an_fp32_target_native_bf16
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert drafter_int8(torch.float32, "cpu") is int8_available()  # quicker than a bf16 drafter where both run
     assert not drafter_int8(torch.bfloat16, "cpu") and not drafter_int8(torch.float32, "cuda")
+
+
+@pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
+def test_a_generation_starts_its_catch_up_from_no_rows_of_the_one_before(tree, monkeypatch):
+    """A CPU's int8 drafter takes its activation scale over all of a call's rows, so the rows of the
+    first catch-up that the prefill does not write must not hold the previous generation's (with the
+    bundled EAGLE-3 two runs of one prompt then drafted differently, and the page's race counted other
+    steps than its status)."""
+    monkeypatch.setattr(drafter_common, "INT8_MIN_BYTES", 0)
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, tiny_drafter("eagle3", target, draft_vocab_size=128), max_context=128, drafter_int8=True)
+    run(engine, [5, 250, 251, 252, 253, 254, 3, 9] * 3, max_new_tokens=24, num_spec_tokens=4, tree=tree,
+        stop_token_ids=())
+    b = next(iter(engine._buffers.values()))
+    assert b.catch_features[:, 1:].abs().sum() > 0  # the previous generation's rows, before the next prefill
+    gen = GenerationConfig(max_new_tokens=8, num_spec_tokens=4, tree=tree, stop_token_ids=())
+    next(engine.generate(PROMPT, gen))  # the prefill's event
+    assert not b.catch_features[:, 1:].any() and not b.catch_tokens[0, 1:].any()
