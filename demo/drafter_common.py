@@ -191,7 +191,6 @@ class DrafterBase(nn.Module):
         self.cache: KVCache | None = None
         self.cos = self.sin = None
         self.int8_head = False  # use_int8: its own head multiplies in int8 on a CPU
-        self.int8_layer = False  # use_int8: its decoder layer's projections too
 
     @property
     def dtype(self) -> torch.dtype:
@@ -233,11 +232,11 @@ class DrafterBase(nn.Module):
         change the output: quantizing the layer cost the bundled EAGLE-3 no measurable acceptance
         (docs/PERFORMANCE.md, "On a CPU"). ``fc`` stays in fp32: its inputs, the target's features,
         carry outliers that one activation scale a call cannot keep."""
-        self.int8_head, self.int8_layer = on, on and layer
+        self.int8_head = on
         self._mark_head()
         linears = self.layer_linears()
         large = sum(m.weight.numel() for m in linears) * 4 >= INT8_MIN_BYTES  # a tiny layer is no draft step's cost
-        use_int8_weights(linears, self.int8_layer and large)
+        use_int8_weights(linears, on and layer and large)
 
     def layer_linears(self) -> list[nn.Linear]:
         """The decoder layer's projections: every registered Linear but ``fc`` and a registered head."""

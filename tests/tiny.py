@@ -129,6 +129,7 @@ class FeatureOracle(OracleDrafter):
     the wrong place (OracleDrafter reads positions only, and cannot tell)."""
 
     head_in_int8 = False  # no head of its own (a bench report asks)
+    layer_in_int8 = False
 
     def __init__(self, target: Target, sequence: list[int], every: int = 0):
         super().__init__(sequence, target.config.vocab_size, target.config.hidden_size)

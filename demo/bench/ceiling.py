@@ -28,6 +28,7 @@ class TargetDrafter(nn.Module):
 
     feature = "hidden"
     head_in_int8 = False
+    layer_in_int8 = False
 
     def __init__(self, target: Target):
         super().__init__()

@@ -96,7 +96,7 @@ def chosen_drafter_int8(choice: str, target) -> bool | str:
 
 def int8_label(drafter) -> str:
     """What of the drafter multiplies through int8 copies, as a report's drafter_dtype adds it."""
-    layer, head = getattr(drafter, "layer_in_int8", False), drafter.head_in_int8
+    layer, head = drafter.layer_in_int8, drafter.head_in_int8
     return ", layer and head int8" if layer and head else ", layer int8" if layer else ", head int8" if head else ""
 
 

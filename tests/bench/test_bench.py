@@ -394,5 +394,5 @@ def test_drafter_dtype_int8_quantizes_the_layer_and_head_and_int8_head_the_head_
     assert measure.int8_label(drafter) == ", layer and head int8"
     drafter.layer_in_int8 = False
     assert measure.int8_label(drafter) == ", head int8"
-    oracle = type("O", (), {"head_in_int8": False})()  # a drafter with no weights of its own
+    oracle = type("O", (), {"layer_in_int8": False, "head_in_int8": False})()  # no weights of its own
     assert measure.int8_label(oracle) == ""
