@@ -42,15 +42,17 @@ class TreeShape:
 
 # The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
 # (k, tree or None for a chain): on a GPU in graph mode a wide tree, whose verification costs little
-# more than a chain's; on a CPU, where verification grows with every row, a chain of 3. Trees a
-# visitor picks start from DEFAULT_TREES. docs/RESULTS.md ("Draft shapes") has the figures.
-DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64)), "cpu": (3, None)}
-DEFAULT_TREES = {"cuda": TreeShape(8, 64), "cpu": TreeShape(2, 8)}
+# more than a chain's; on a CPU, where verification grows with every row, a narrow tree of 6 tokens
+# (depth 4, top-2): its 6-row verification costs about 1.3 one-row forwards and accepts more than
+# a chain of 3 on every set measured. Trees a visitor picks start from DEFAULT_TREES. docs/RESULTS.md
+# ("Draft shapes", "The CPU's shapes") has the figures.
+DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64)), "cpu": (4, TreeShape(2, 6))}
+DEFAULT_TREES = {"cuda": TreeShape(8, 64), "cpu": TreeShape(2, 6)}
 # At T > 0 (drafts drawn without replacement, the default rule) a GPU drafts a shallower tree: at
 # T = 1 few steps reach levels 6 and 7. Of the shapes measured on both validation sets the fastest on
-# both (docs/RESULTS.md, "At T = 1": 5 x 10, 96 accepts 3 to 4 % more a step and costs 12 % more);
-# elsewhere as at T = 0.
-SAMPLED_DEFAULT_DRAFTS = {"cuda": (5, TreeShape(8, 64))}
+# both (docs/RESULTS.md, "At T = 1": 5 x 10, 96 accepts 3 to 4 % more a step and costs 12 % more).
+# A CPU keeps the chain of 3, which led a chain of 2 and three 4-row trees at T = 1.
+SAMPLED_DEFAULT_DRAFTS = {"cuda": (5, TreeShape(8, 64)), "cpu": (3, None)}
 
 
 def default_draft(device_type: str, temperature=0.0) -> tuple[int, TreeShape | None]:

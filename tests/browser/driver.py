@@ -191,6 +191,15 @@ def set_setting(driver, selector: str, value) -> None:
                           "arguments[0].dispatchEvent(new Event('blur'));", box, str(value))
 
 
+def choose_shape(driver, shape: str) -> None:
+    """Pick the drafting shape ("chain" or "tree") by script (the settings may be closed, on a phone)."""
+    radio = wait_for(lambda: [e for e in css(driver, "#sl-shape input") if e.get_attribute("value") == shape], 60,
+                     f"the {shape} choice")[0]
+    if not radio.is_selected():
+        driver.execute_script("arguments[0].click();", radio)
+    wait_for(lambda: radio.is_selected(), 10, f"the {shape} choice taken")
+
+
 def displayed(driver, selector: str) -> bool:
     """Whether an element matching selector is shown (one removed while it is checked is not)."""
     from selenium.common.exceptions import StaleElementReferenceException

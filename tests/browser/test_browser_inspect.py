@@ -1,7 +1,8 @@
 """The teaching parts of the page in a real browser (tests/browser/driver.py; the app of conftest's `app_url`):
 the headline, the rejected drafts and their toggle, and the step inspector opened by a tap.
 
-Each test runs one short greedy generation of the embedded default (a chain of 3 on a CPU).
+Each test runs one short greedy generation of the embedded default; the inspector's tests draft a chain
+(a chain's step shows the drafter's and the target's top 5 at each depth; a tree's, the siblings drafted).
 
     python -m tests.browser.test_browser_inspect docs/screenshot-inspector.png   # the README's inspector screenshot
 """
@@ -13,6 +14,7 @@ from tests.browser import driver as browser
 from tests.browser.driver import (
     app_in_browser,
     bundled_drafters_exist,
+    choose_shape,
     click,
     css,
     screenshot_path,
@@ -114,6 +116,7 @@ def test_a_tapped_token_opens_its_step_in_the_inspector_and_the_tree_view(app_ur
     wait_for(lambda: not sidebar_open(), 10, "a phone's settings to start closed")
     click(driver, "#sl-settings-button")
     set_number(driver, "#sl-max-new", BUDGET)
+    choose_shape(driver, "chain")
     driver.execute_script("document.querySelector('#sl-sidebar .toggle-button').click();")  # it covers the page
     wait_for(lambda: not sidebar_open(), 10, "the settings to close")
     assert inspected(driver) is None and "tap a token" in css(driver, "#sl-inspector")[0].text
@@ -151,6 +154,7 @@ def take_inspector_screenshot(out: Path) -> None:
         d.set_window_size(1600, 2400 - d.execute_script("return window.innerHeight;"))  # a 1600 x 1200 page
         d.get(url)
         set_number(d, "#sl-max-new", 40)
+        choose_shape(d, "chain")
         click(d, "#sl-explainer button")  # fold the explainer: room for the inspector
         generate(d)
         step = int(d.execute_script(  # a step that accepted a draft, then rejected a long one

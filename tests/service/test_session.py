@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from demo.config import TreeShape
+from demo.config import TreeShape, default_draft
 from demo.engine import Engine
 from demo.metrics import DEFINITIONS
 from demo.service.chat import ChatState, Turn, first_difference
@@ -415,9 +415,11 @@ def test_the_warm_up_runs_the_default_draft_shape_of_each_side_of_zero(monkeypat
         return real(self, prompt_ids, gen)
 
     monkeypatch.setattr(Engine, "generate", generate)
+    greedy = default_draft("cpu", 0.0)
+    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", greedy)
     session.warmup(("eager",))
-    assert asked == [(0.0, 3, None)]  # a CPU: one default at every temperature
+    assert asked == [(0.0, *greedy)]  # one default at every temperature: one warm-up
     asked.clear()
     monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
     session.warmup(("eager",))
-    assert asked == [(0.0, 3, None), (1.0, 2, TreeShape(2, 4))]
+    assert asked == [(0.0, *greedy), (1.0, 2, TreeShape(2, 4))]

@@ -24,7 +24,17 @@ def test_a_shape_the_visitor_chose_stays_when_the_temperature_changes(page):
     assert draft_at_temperature("cuda", 0.8, *page) is None
 
 
-def test_where_both_temperatures_share_a_shape_nothing_moves():
+def test_an_untouched_cpu_tree_becomes_the_sampled_chain_and_comes_back():
+    greedy, sampled = default_draft("cpu", 0.0), default_draft("cpu", 0.8)
+    assert greedy[1] is not None and sampled[1] is None  # a CPU: a narrow tree at T = 0, a chain above
+    page = (greedy[0], "tree", greedy[1].topk, greedy[1].num_draft_tokens)
+    moved = draft_at_temperature("cpu", 0.8, *page)
+    assert moved == (sampled[0], "chain", *page[2:])  # the hidden tree settings are kept
+    assert draft_at_temperature("cpu", 0.0, *moved) == page
+
+
+def test_where_both_temperatures_share_a_shape_nothing_moves(monkeypatch):
+    monkeypatch.delitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu")
     assert default_draft("cpu", 0.0) == default_draft("cpu", 0.7)
     assert draft_at_temperature("cpu", 0.7, 3, "chain", 2, 8) is None
 
@@ -44,6 +54,6 @@ def test_the_page_moves_an_untouched_chain_to_the_devices_sampled_default(monkey
     fns = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "follow_temperature"]
     assert len(fns) == 1 and [c.elem_id for c in fns[0].inputs][0] == "sl-temperature"
     assert [c.elem_id for c in fns[0].outputs] == ["sl-k", "sl-shape", "sl-tree-topk", "sl-draft-tokens"]
-    k, _ = default_draft("cpu", 0.0)
-    assert fns[0].fn(0.7, k, "chain", 8, 64) == [2, "tree", 2, 4]
-    assert fns[0].fn(0.0, 2, "tree", 2, 4) == [k, "chain", 2, 4]
+    k, tree = default_draft("cpu", 0.0)
+    assert fns[0].fn(0.7, k, "tree", tree.topk, tree.num_draft_tokens) == [2, "tree", 2, 4]
+    assert fns[0].fn(0.0, 2, "tree", 2, 4) == [k, "tree", tree.topk, tree.num_draft_tokens]
