@@ -23,6 +23,7 @@ from demo.drafter_common import DrafterConfig, drafter_dtype, drafter_int8
 from demo.drafters import DRAFTER_CLASSES
 from demo.engine import Engine
 from demo.methods import DRAFT_METHODS, METHOD_LABELS, dtype_label
+from demo.service.engine_thread import run_on_engine_thread
 from demo.service.request import RequestError
 from demo.target import Target
 
@@ -250,7 +251,7 @@ class ModelCache:
                 self._entries.move_to_end(name)
                 return self._entries[name]
             self._evict(keep=name, room=self._expected(name))
-        models = self._load(name, progress)
+        models = run_on_engine_thread(self._load, name, progress)  # demo/service/engine_thread.py
         self.put(name, models)
         return models
 

@@ -32,7 +32,8 @@ from demo.service.chat import (
     first_difference,
     provenance,
 )
-from demo.service.model_cache import RANDOM_INIT, ModelCache, Models
+from demo.service.engine_thread import run_on_engine_thread
+from demo.service.model_cache import RANDOM_INIT, ModelCache, ModelChoice, Models, Progress
 from demo.service.request import MAX_CHARS_PER_TOKEN, NO_COMPARISON, Request, RequestError, check_values
 
 # "Compare with target-only" times both runs again with nothing drawn: in COMPARE_ROUNDS rounds where
@@ -83,12 +84,18 @@ class Session:
     @classmethod
     def load(cls, choice: ModelChoice, *, device: str = "auto", dtype: str = "auto", max_context: int = 2048,
              progress: Progress | None = None) -> "Session":
-        return cls(Models.load(choice, device=device, dtype=dtype, max_context=max_context, progress=progress))
+        """The models `choice` names, loaded on the engine thread (demo/service/engine_thread.py)."""
+        return cls(run_on_engine_thread(Models.load, choice, device=device, dtype=dtype, max_context=max_context,
+                                        progress=progress))
 
     def switch(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
         """Load `choice`. A new target comes with new engines and only the drafters `choice` names;
         the same target stays loaded and only the named drafters change (Engine.set_drafter). On
-        any error the loaded models stay as they were. Returns the warnings to show."""
+        any error the loaded models stay as they were. Returns the warnings to show. Loads on the
+        engine thread."""
+        return run_on_engine_thread(self._switch, choice, progress)
+
+    def _switch(self, choice: ModelChoice, progress: Progress | None) -> list[str]:
         if choice.target == self.target_spec:
             warnings = self.models.load_drafters(choice, progress)
             self.models.name = choice.name
@@ -120,8 +127,11 @@ class Session:
     def warmup(self, modes: tuple[str, ...] = ("eager",)) -> float:
         """One tiny generation per mode with the default method and draft shape, and at T > 0 with
         that temperature's where it differs (kernels, allocations, and in cudagraph mode the shapes'
-        capture, so the app's first request with default settings captures nothing). Returns the
-        seconds it took."""
+        capture, so the app's first request with default settings captures nothing), on the engine
+        thread. Returns the seconds it took."""
+        return run_on_engine_thread(self._warmup, modes)
+
+    def _warmup(self, modes: tuple[str, ...]) -> float:
         start = time.perf_counter()
         ids = self.tokenizer("Hi")["input_ids"] or [0]
         method = self.methods()[-1]

@@ -36,6 +36,7 @@ from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, MODE_LABELS
 from demo.models.prompts import PromptFileError, questions_from_upload, read_questions
 from demo.service import zerogpu
 from demo.service.downloads import write_download
+from demo.service.engine_thread import on_engine_thread
 from demo.service.export import bench_csv
 from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
@@ -252,7 +253,7 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         progress(0.0, desc="warming up")
         yield {b.status: status_html(f"warming up: {len(plan.configs())} configuration(s) on {len(chosen)} prompts…"),
                b.csv: gr.DownloadButton(value=None, interactive=False), **({b.lab: ""} if b.lab is not None else {})}
-        for step in run_plan(session, plan, chosen, source, hosting.time_limit()):
+        for step in on_engine_thread(run_plan(session, plan, chosen, source, hosting.time_limit())):
             progress(step.fraction, desc=step.what)
             if not step.finished:
                 yield {b.status: status_html(f"measuring {step.what} ({step.done} of {step.total} decodes)")}

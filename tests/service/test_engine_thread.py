@@ -1,5 +1,6 @@
-"""demo/service/engine_thread.py: a generation's steps all run on one thread, whichever threads ask for
-them (PyTorch's CPU thread pool belongs to the calling thread)."""
+"""demo/service/engine_thread.py: the models are loaded, warmed up and run on one thread, whichever
+threads ask (PyTorch's CPU thread pool belongs to the calling thread, and an idle second pool slows
+the first)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from demo.service.engine_thread import engine_thread_idle, on_engine_thread
+from demo.engine import Engine
+from demo.service.engine_thread import engine_thread_idle, on_engine_thread, run_on_engine_thread
+from demo.service.model_cache import ModelCache, ModelChoice, Models
+from demo.service.session import Session
+from tests.tiny_chat import tiny_session
+
+ENGINE_THREAD = run_on_engine_thread(threading.get_ident)
 
 
 def steps(n: int, threads: list[int]):
@@ -71,3 +78,50 @@ def test_idle_returns_only_after_the_step_in_flight_has_run():
     threading.Timer(0.2, release.set).start()
     engine_thread_idle()
     assert ran == ["step"] and asker.result() == 1
+
+
+def test_a_call_runs_on_the_engine_thread_and_one_made_there_runs_in_place():
+    assert ENGINE_THREAD != threading.get_ident()
+    assert run_on_engine_thread(lambda: run_on_engine_thread(threading.get_ident)) == ENGINE_THREAD  # no deadlock
+    nested = run_on_engine_thread(lambda: list(on_engine_thread(steps(3, []))))
+    assert nested == [0, 1, 2]
+
+
+def record_threads(monkeypatch, cls, name: str) -> list[int]:
+    """The threads `cls.name` is called on from now on."""
+    threads, real = [], getattr(cls, name)
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cls, name, recorded)
+    return threads
+
+
+def test_a_session_loads_its_models_and_warms_up_on_the_engine_thread(monkeypatch):
+    session, loads = tiny_session(), []
+
+    def load(choice, **kwargs):
+        loads.append(threading.get_ident())
+        return session.models
+
+    monkeypatch.setattr(Models, "load", load)
+    loaded = Session.load(ModelChoice(name="tiny", target="tiny"))
+    assert loads == [ENGINE_THREAD] and loaded.models is session.models
+    generations = record_threads(monkeypatch, Engine, "generate")
+    loaded.warmup(("eager",))
+    assert generations and set(generations) == {ENGINE_THREAD}
+
+
+def test_a_model_cache_loads_a_preset_on_the_engine_thread():
+    session = tiny_session()
+    threads = []
+
+    def load(name, progress=None):
+        threads.append(threading.get_ident())
+        return session.models
+
+    cache = ModelCache(session.models, load, budget_bytes=10 ** 12)
+    cache.get("another")
+    assert threads == [ENGINE_THREAD]

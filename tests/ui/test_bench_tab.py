@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 
 import httpx
 
+from demo.engine import Engine
+from demo.service.engine_thread import run_on_engine_thread
 from demo.service.hosting import BENCH_WORK_BUDGET
 from tests.service.http_app import client, ui_event
 
@@ -32,6 +35,23 @@ def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(pub
         rows = list(csv.DictReader(io.StringIO(http.get(out["sl-bench-csv"]["value"]["url"], timeout=30).text)))
         assert [(r["method"], r["k"], r["category"]) for r in rows][:2] == [("none", "0", "all"), ("eagle", "2", "all")]
         assert len(rows) == 2 + 4 and rows[1]["mean_acceptance_length"] == "3.0"
+
+
+def test_a_benchmark_decodes_on_the_engine_thread_as_the_chat_does(public_app, monkeypatch):
+    """Each decode on the thread that loaded the models (demo/service/engine_thread.py): a CPU's
+    thread pools would otherwise compete and the table would time a slower engine than the chat's."""
+    demo, url = public_app
+    threads, real = [], Engine.generate
+
+    def generate(self, *args, **kwargs):
+        threads.append(threading.get_ident())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    with httpx.Client() as http:
+        out = ui_event(http, url, demo, "run_benchmark", "bench-t", client(4), SMALL)
+    assert "error" not in out, out
+    assert threads and set(threads) == {run_on_engine_thread(threading.get_ident)}
 
 
 def test_a_benchmark_past_the_public_budget_is_refused_with_a_sentence(public_app):
