@@ -125,3 +125,14 @@ def test_a_model_cache_loads_a_preset_on_the_engine_thread():
     cache = ModelCache(session.models, load, budget_bytes=10 ** 12)
     cache.get("another")
     assert threads == [ENGINE_THREAD]
+
+
+def test_a_forked_process_starts_an_engine_thread_of_its_own():
+    """A child forked after the engine thread started inherits its executor but not its thread."""
+    import multiprocessing
+
+    run_on_engine_thread(threading.get_ident)  # the parent's engine thread runs
+    fork = multiprocessing.get_context("fork")
+    with fork.Pool(1) as pool:
+        child = pool.apply_async(run_on_engine_thread, (sum, [1, 2, 3]))
+        assert child.get(timeout=30) == 6
