@@ -43,9 +43,9 @@ class TreeShape:
 # The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
 # (k, tree or None for a chain): on a GPU in graph mode a wide tree, whose verification costs little
 # more than a chain's; on a CPU, where verification grows with every row, a narrow tree of 6 tokens
-# (depth 4, top-2): its 6-row verification costs about 1.3 one-row forwards and accepts more than
-# a chain of 3 on every set measured. Trees a visitor picks start from DEFAULT_TREES. docs/RESULTS.md
-# ("Draft shapes", "The CPU's shapes") has the figures.
+# (depth 4, top-2): its 6 rows verify in about 1.3 one-row forwards, and it was the one shape measured
+# at 1.6 x target-only or more on all three prompt sets. Trees a visitor picks start from
+# DEFAULT_TREES. docs/RESULTS.md ("Draft shapes", "The CPU's shapes") has the figures.
 DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64)), "cpu": (4, TreeShape(2, 6))}
 DEFAULT_TREES = {"cuda": TreeShape(8, 64), "cpu": TreeShape(2, 6)}
 # At T > 0 (drafts drawn without replacement, the default rule) a GPU drafts a shallower tree: at
