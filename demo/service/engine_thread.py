@@ -19,34 +19,49 @@ from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
-_engine: tuple[int, ThreadPoolExecutor, int] | None = None  # (process id, the thread's executor, its ident)
-_starting = threading.Lock()
 
-
-def _engine_thread() -> tuple[ThreadPoolExecutor, int]:
+class _EngineThread:
     """This process's engine thread, started on first use. A process forked after that (as a host
     that attaches a GPU per call may fork) inherits the executor but not its thread: it starts its own."""
-    global _engine, _starting
-    if _engine is not None and _engine[0] == os.getpid():
-        return _engine[1], _engine[2]
-    if _engine is not None:  # forked: the lock may have been copied held
-        _starting = threading.Lock()
-    with _starting:
-        if _engine is None or _engine[0] != os.getpid():
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speclens-engine")
-            _engine = (os.getpid(), executor, executor.submit(threading.get_ident).result())
-    return _engine[1], _engine[2]
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._ident: int | None = None
+
+    def _started(self) -> None:
+        if self._pid == os.getpid():
+            return
+        if self._pid is not None:  # forked: the lock may have been copied held
+            self._lock = threading.Lock()
+        with self._lock:
+            if self._pid != os.getpid():
+                executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speclens-engine")
+                self._ident = executor.submit(threading.get_ident).result()
+                self._executor, self._pid = executor, os.getpid()
+
+    def executor(self) -> ThreadPoolExecutor:
+        self._started()
+        return self._executor
+
+    def ident(self) -> int:
+        self._started()
+        return self._ident
+
+
+_THREAD = _EngineThread()
 
 
 def on_the_engine_thread() -> bool:
-    return threading.get_ident() == _engine_thread()[1]
+    return threading.get_ident() == _THREAD.ident()
 
 
 def run_on_engine_thread(fn: Callable[..., T], *args, **kwargs) -> T:
     """fn(*args, **kwargs), computed on the engine thread (the caller waits; there, it is a call)."""
     if on_the_engine_thread():
         return fn(*args, **kwargs)
-    return _engine_thread()[0].submit(fn, *args, **kwargs).result()
+    return _THREAD.executor().submit(fn, *args, **kwargs).result()
 
 
 def on_engine_thread(steps: Iterator[T]) -> Iterator[T]:
@@ -57,14 +72,14 @@ def on_engine_thread(steps: Iterator[T]) -> Iterator[T]:
     try:
         while True:
             try:
-                yield _engine_thread()[0].submit(next, steps).result()
+                yield _THREAD.executor().submit(next, steps).result()
             except StopIteration:
                 return
     finally:  # a generation dropped midway (Stop, a closed tab) is closed there too, without waiting
-        _engine_thread()[0].submit(steps.close)
+        _THREAD.executor().submit(steps.close)
 
 
 def engine_thread_idle() -> None:
     """Return once every step asked for so far has run. Stop needs it: cancelling the reply's event
     does not interrupt the step in flight, which would otherwise change the chat while Stop draws it."""
-    _engine_thread()[0].submit(lambda: None).result()
+    _THREAD.executor().submit(lambda: None).result()
