@@ -243,8 +243,7 @@ def test_on_a_phone_the_settings_toggle_covers_no_content_and_the_tree_title_cle
     open_page(driver, app_url, "phone")
     time.sleep(1.0)
     set_setting(driver, "#sl-max-new input[type=number]", 12)
-    driver.execute_script("arguments[0].click();", next(e for e in css(driver, "#sl-shape input") if
-                                                       e.get_attribute("value") == "tree"))
+    choose_shape(driver, "tree")
     usable(driver, "#sl-prompt textarea").send_keys("Say hi.")
     driver.execute_script("arguments[0].click();", usable(driver, "#sl-generate"))
     wait_for(lambda: finished(driver) and tree_step(driver) > 0, 300, "the reply and its trees")

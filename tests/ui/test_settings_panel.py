@@ -46,7 +46,7 @@ def test_a_temperature_that_is_not_a_number_counts_as_greedy(temperature):
     assert draft_at_temperature("cuda", temperature, *page) is None
 
 
-def test_the_page_moves_an_untouched_chain_to_the_devices_sampled_default(monkeypatch):
+def test_the_page_moves_an_untouched_default_shape_to_the_devices_sampled_default(monkeypatch):
     """The listener on the page's temperature, found among the Blocks' events and called as Gradio
     calls it (raw values), on a device whose sampled default differs from its greedy one."""
     monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
