@@ -156,11 +156,21 @@ if HAVE_TRITON:
                       GROUP: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ORDERED: tl.constexpr, IEEE: tl.constexpr,
                       ROWS: tl.constexpr, ROWS_P2: tl.constexpr):
-        bk = tl.program_id(0)
+        _attend_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(2), q_ptr, k_ptr, v_ptr,
+                     mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S, NKV, qk_scale, q_sb, q_sh, q_sm, k_sb, k_sh,
+                     k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm, GROUP, HD, BLOCK_M, BLOCK_N, SPLIT, ONE_SPLIT, ORDERED,
+                     IEEE, ROWS, ROWS_P2)
+
+    @triton.jit
+    def _attend_tile(bk, part, split, splits, q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, partial_ptr, stats_ptr, M, S,
+                     NKV, qk_scale: tl.constexpr, q_sb, q_sh, q_sm, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb,
+                     mask_sm, GROUP: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ORDERED: tl.constexpr, IEEE: tl.constexpr,
+                     ROWS: tl.constexpr, ROWS_P2: tl.constexpr):
+        """One program of _attend_split: batch and KV head `bk`, query row (or row tile) `part`, slot
+        split `split` of `splits`; also demo.kernels.persistent's attention tasks."""
         b = bk // NKV
         kv = bk % NKV
-        part = tl.program_id(1)
-        split = tl.program_id(2)
         nh = NKV * GROUP
         lo = split * SPLIT
         hi = tl.minimum(lo + SPLIT, S)
@@ -230,7 +240,6 @@ if HAVE_TRITON:
             result = acc / tl.where(total > 0, total, 1.0)[:, None]
             tl.store(out_ptr + at[:, None] * HD + d[None, :], result.to(out_ptr.dtype.element_ty), mask=live[:, None])
         else:
-            splits = tl.num_programs(2)
             tl.store(partial_ptr + (at[:, None] * splits + split) * HD + d[None, :], acc, mask=live[:, None])
             tl.store(stats_ptr + (at * splits + split) * 2, top, mask=live)
             tl.store(stats_ptr + (at * splits + split) * 2 + 1, total, mask=live)
@@ -239,7 +248,11 @@ if HAVE_TRITON:
     def _attend_combine(partial_ptr, stats_ptr, out_ptr, splits, HD: tl.constexpr):
         """The splits weighed together one after another, in split order: empty splits (past the
         row's last seen slot) add exact zeros, so a wider bucket gives the same bits."""
-        row = tl.program_id(0)  # index in [B, q, nh]
+        _combine_row(tl.program_id(0), partial_ptr, stats_ptr, out_ptr, splits, HD)
+
+    @triton.jit
+    def _combine_row(row, partial_ptr, stats_ptr, out_ptr, splits, HD: tl.constexpr):
+        """_attend_combine for one row of [B, q, nh] (its program, or a persistent task)."""
         d = tl.arange(0, HD)
         best = tl.load(stats_ptr + row * splits * 2)
         for s in range(1, splits):

@@ -254,9 +254,22 @@ if HAVE_TRITON:
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       IEEE: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        split = tl.program_id(2)  # which input columns: [split * chunk, (split + 1) * chunk)
+        _linear_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                     tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), x_ptr, norm_ptr, w_ptr, bias_ptr,
+                     res_ptr, out_ptr, partial_ptr, done_ptr, R, K, N, chunk, eps, x_stride, w_stride, res_stride,
+                     out_stride, NORM, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
+
+    @triton.jit
+    def _linear_tile(row_tile, col_tile, split, tile, x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
+                     done_ptr, R, K, N, chunk, eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride,
+                     NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                     SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     IEEE: tl.constexpr):
+        """One program's share of a fused projection: rows `row_tile`, columns `col_tile`, the input's
+        split `split` ([split * chunk, (split + 1) * chunk)); `tile` indexes its split counter. What
+        _fused_linear's program (row_tile, col_tile, split) does, and demo.kernels.persistent's tasks."""
+        rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         live = rows < R
         used = cols < N
         x_rows = x_ptr + rows[:, None] * x_stride
@@ -284,7 +297,7 @@ if HAVE_TRITON:
             tl.store(at + split * R * width, acc, mask=where)
             if GATED:
                 tl.store(at + split * R * width + N, up, mask=where)
-            if _last_split(done_ptr, SPLITS):
+            if _last_split(done_ptr, tile, SPLITS):
                 acc = _split_sum(at, R * width, where, SPLITS)
                 if GATED:
                     up = _split_sum(at + N, R * width, where, SPLITS)
@@ -292,13 +305,12 @@ if HAVE_TRITON:
                         BIAS, GATED, RESIDUAL)
 
     @triton.jit
-    def _last_split(done_ptr, SPLITS: tl.constexpr):
-        """Called once a program has stored its split's sums: whether it is the last of its tile's
-        splits to get here (done_ptr counts them per tile, from zero), and so may read them all. The
-        last sets the count back to zero for the next launch (split_counters): every split of the
-        tile has counted by then, and the launch ends before the next one reads it."""
+    def _last_split(done_ptr, tile, SPLITS: tl.constexpr):
+        """Called once a program has stored its split's sums for `tile`: whether it is the last of
+        the tile's splits to get here (done_ptr counts them per tile, from zero), and so may read
+        them all. The last sets the count back to zero for the next launch (split_counters): every
+        split of the tile has counted by then, and the launch ends before the next one reads it."""
         tl.debug_barrier()  # every thread's stores before the count
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         last = tl.atomic_add(done_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
         if last:
             tl.atomic_xchg(done_ptr + tile, 0, sem="relaxed", scope="gpu")
@@ -336,10 +348,24 @@ if HAVE_TRITON:
                   k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                   BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, SPLITS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        head = tl.program_id(1) // (HALF // PART)  # q heads, then k heads, then v heads: the stacked weight's order
-        half = (tl.program_id(1) % (HALF // PART)) * PART + tl.arange(0, PART)  # this program's columns of a half
-        split = tl.program_id(2)  # which input columns: [split * chunk, (split + 1) * chunk)
+        _qkv_rope_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                       tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), x_ptr, norm_ptr, w_ptr, bias_ptr,
+                       cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr, partial_ptr, done_ptr, R, K, chunk, eps, M,
+                       NH, NKV, x_stride, w_stride, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                       BIAS, HALF, PART, SPLITS, BLOCK_M, BLOCK_K, IEEE)
+
+    @triton.jit
+    def _qkv_rope_tile(row_tile, head_part, split, tile, x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr,
+                       k_ptr, v_ptr, q_ptr, partial_ptr, done_ptr, R, K, chunk, eps: tl.constexpr, M, NH, NKV,
+                       x_stride, w_stride, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                       BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, SPLITS: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+        """One program's share of norm_qkv_rope: rows `row_tile`, part `head_part` of a head (q heads,
+        then k, then v), the input's split `split`; `tile` indexes its split counter. What
+        _qkv_rope's program (row_tile, head_part, split) does, and demo.kernels.persistent's tasks."""
+        rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        head = head_part // (HALF // PART)  # q heads, then k heads, then v heads: the stacked weight's order
+        half = (head_part % (HALF // PART)) * PART + tl.arange(0, PART)  # this program's columns of a half
         live = rows < R
         first = head * 2 * HALF + half  # the same columns of the head's two halves
         second = first + HALF
@@ -363,7 +389,7 @@ if HAVE_TRITON:
             at = partial_ptr + rows[:, None] * width  # split 0's rows
             tl.store(at + split * R * width + first[None, :], a, mask=live[:, None])
             tl.store(at + split * R * width + second[None, :], b, mask=live[:, None])
-            if _last_split(done_ptr, SPLITS):
+            if _last_split(done_ptr, tile, SPLITS):
                 a = _split_sum(at + first[None, :], R * width, live[:, None], SPLITS)
                 b = _split_sum(at + second[None, :], R * width, live[:, None], SPLITS)
                 _rope_store(a, b, rows, half, first, second, live, head, bias_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr,
