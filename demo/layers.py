@@ -103,6 +103,20 @@ class StackedLinear:
                     if m.bias is not None:
                         m.bias.data = b
 
+    def rehome(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Read this stack from `weight` ([sum(out), in], holding its values) and `bias` from now on:
+        each module's parameters become views of them (demo.kernels.persistent stacks every layer's
+        stack into one tensor)."""
+        self.weight, self.bias = weight, bias
+        self._packed, self._packed_from = None, None
+        with torch.inference_mode(False), torch.no_grad():
+            for m, w in zip(self.linears, weight.split(self.sizes)):
+                m.weight.data = w
+            if bias is not None:
+                for m, b in zip(self.linears, bias.split(self.sizes)):
+                    if m.bias is not None:
+                        m.bias.data = b
+
     def current(self) -> bool:
         """Whether every module still reads its weights from this stack (a ``.to()`` into another dtype
         or device, or a reassigned ``.data``, gives a module new storage: the stack is then stale)."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from demo.kernels.attend import ORDERED_ROWS, attend, causal_seen_slots, orders_slots, seen_slots
 from demo.kernels.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
+from demo.kernels.persistent import LayerStack, fits, persistent_layers, stack_current, stack_layers
 from demo.kernels.runtime import DEFAULT_KERNELS, check_kernels
 from demo.kv_cache import KVCache
 from demo.layers import attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked, swiglu_mlp
@@ -101,6 +102,7 @@ class Target:
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.cache: KVCache | None = None
         self.cos = self.sin = None
+        self._stack: LayerStack | None = None  # the layers' weights stacked for the "persistent" kernels
 
     @property
     def device(self) -> torch.device:
@@ -163,10 +165,40 @@ class Target:
             att, mlp = layer.self_attn, layer.mlp
             stacked(att.q_proj, att.k_proj, att.v_proj)
             stacked(mlp.gate_proj, mlp.up_proj)
+        if self.kernels == "persistent":
+            self.layer_stack()
 
     def _fuses(self, x: torch.Tensor) -> bool:
-        """Whether this target's forwards over activations like x take demo.kernels.fused's kernels."""
-        return self.kernels == "fused" and fused_runs(x, self.act)
+        """Whether this target's forwards over activations like x take demo.kernels.fused's kernels
+        (the persistent kernels' too: a forward they do not take, a prefill, runs the fused ones)."""
+        return self.kernels in ("fused", "persistent") and fused_runs(x, self.act)
+
+    def _layer_parts(self) -> list[dict]:
+        """Each layer's weights as demo.kernels.persistent.stack_layers takes them."""
+        return [dict(norm1=layer.input_layernorm, qkv=stacked(layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                              layer.self_attn.v_proj),
+                     o=layer.self_attn.o_proj, norm2=layer.post_attention_layernorm,
+                     gate_up=stacked(layer.mlp.gate_proj, layer.mlp.up_proj), down=layer.mlp.down_proj)
+                for layer in self.layers]
+
+    def layer_stack(self) -> LayerStack | None:
+        """The layers' weights stacked for the persistent launch (demo.kernels.persistent), made on first
+        use and again once stale; None where the launch cannot take these layers (a layer the fused
+        kernels refuse, RoPE outside the projection, norms of different epsilons) or the weights'
+        device runs no Triton. Under torch.compile or a capture, the one made before, as it is."""
+        x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
+        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return self._stack
+        c = self.config
+        if not (self._fuses(x) and all(self._fuse_layer(layer) for layer in self.layers)
+                and rope_fits(c.head_dim, getattr(self.layers[0].self_attn, "q_norm", None))):
+            return None
+        parts = self._layer_parts()
+        if len({(p["norm1"].variance_epsilon, p["norm2"].variance_epsilon) for p in parts}) != 1:
+            return None
+        if self._stack is None or not stack_current(self._stack, parts):
+            self._stack = stack_layers(parts)
+        return self._stack
 
     @staticmethod
     def _fuse_layer(layer) -> bool:
@@ -228,7 +260,17 @@ class Target:
                 mask = seen_slots(mask)  # int32 [B, 1, q, S]
         streams = {}  # layer id -> residual stream entering it
         fused = self._fuses(x)
-        for i, layer in enumerate(self.layers):
+        stack = (self.layer_stack() if self.kernels == "persistent" and fused and mask.dtype == torch.int32
+                 else None)
+        if stack is not None and not fits(stack, tokens.shape[1], c.num_heads, c.num_kv_heads, c.head_dim):
+            stack = None
+        if stack is not None:  # every layer in one launch (demo.kernels.persistent)
+            outs = persistent_layers(x, stack, cos, sin, slots, cache.k[:, :, :, :S], cache.v[:, :, :, :S], mask,
+                                     c.num_heads)  # [L, B, q, H]: the stream each layer leaves
+            streams = {i: x if i == 0 else outs[i - 1] for i in aux_layers if i < c.num_layers}
+            x = outs[-1]
+        layers = self.layers if stack is None else ()
+        for i, layer in enumerate(layers):
             if i in aux_layers:
                 streams[i] = x
             att = layer.self_attn

@@ -3,6 +3,7 @@
     python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,fused
     python -m demo.perf forward --shape llama-3.1-8b --widths 8 --floor
     python -m demo.perf forward --widths 8,97 --kernels fused --tiles default,block_m=64,steps=3
+    python -m demo.perf forward --widths 1,8,64 --kernels fused,persistent --per-sm 1,0
 
 For each kernels choice (``demo.kernels.runtime.KERNELS``) and width: the kernels one forward launches and their
 summed time, and the time of the forward itself (on a GPU the replay of the forward captured
@@ -13,6 +14,9 @@ earlier rows already in the cache), bit for bit: what a 1-row target-only step a
 must share for bf16 speculation to be exact. ``--floor``: the weights' bytes over the device's copy
 bandwidth, measured in the same run (what reading the weights once costs), and each time over it.
 ``--tiles``: the fused kernels' tiles to compare (``demo.kernels.fused.Tiles``), one row each.
+``--tiles`` apply to the persistent launch too, whose tasks are the fused kernels' programs;
+``--per-sm``: the persistent launch's programs a multiprocessor to compare
+(``demo.kernels.persistent.Grid``; 0: as many as it holds), one row each.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class ForwardConfig:
     widths: tuple[int, ...] = (1, 8, 64, 97)
     kernels: tuple[str, ...] = ("torch",)
     tiles: tuple[str, ...] = ()  # the fused kernels' grids (demo.kernels.fused.Tiles), each its own rows; () the default
+    per_sm: tuple[int, ...] = ()  # the persistent launch's programs a multiprocessor (Grid), each its own rows
     compile: bool = False  # also each width compiled (GPU)
     floor: bool = False
     context: int = 200  # tokens in the cache before the forward
@@ -124,10 +129,11 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
                        torch.arange(P, device=config.device).view(1, -1), attend=config.attend)
         chosen = target.kernels
         try:
-            for kernels, tiles in variants(config):
+            for kernels, tiles, grid in variants(config):
                 target.kernels = kernels
                 label = f"{kernels} {tiles}" if tiles else kernels
-                with tiles_of(parse_tiles(tiles) if tiles else None):
+                label += f" {grid or 'all'}/SM" if grid is not None else ""
+                with tiles_of(parse_tiles(tiles) if tiles else None), grid_of(grid):
                     for W in config.widths:
                         tokens = torch.randint(0, vocab, (1, W), device=config.device)
                         positions = torch.arange(P, P + W, device=config.device).view(1, -1)
@@ -187,9 +193,26 @@ def tiles_of(tiles):
         fused.TILES = saved
 
 
-def variants(config: ForwardConfig) -> list[tuple[str, str | None]]:
-    """(kernels, tiles or None) per measured choice: the fused kernels once per --tiles entry."""
-    return [(k, t) for k in config.kernels for t in (config.tiles if k == "fused" and config.tiles else (None,))]
+@contextmanager
+def grid_of(per_sm: int | None):
+    """Every persistent launch inside runs at most `per_sm` programs a multiprocessor (None: the
+    default's grid)."""
+    from demo.kernels import persistent
+
+    saved = persistent.GRID
+    persistent.GRID = saved if per_sm is None else persistent.Grid(per_sm)
+    try:
+        yield
+    finally:
+        persistent.GRID = saved
+
+
+def variants(config: ForwardConfig) -> list[tuple[str, str | None, int | None]]:
+    """(kernels, tiles or None, programs a multiprocessor or None) per measured choice: the fused
+    kernels and the persistent launch once per --tiles entry, the persistent once per --per-sm entry."""
+    return [(k, t, g) for k in config.kernels
+            for t in (config.tiles if k != "torch" and config.tiles else (None,))
+            for g in (config.per_sm if k == "persistent" and config.per_sm else (None,))]
 
 
 def _wall_ms(fn) -> float:
@@ -227,6 +250,8 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     p.add_argument("--kernels", default="torch", help=f"comma-separated, of {', '.join(KERNELS)}")
     p.add_argument("--tiles", default="", help="the fused kernels' tiles to compare, comma-separated "
                                                   "'default' or FIELD=N[:FIELD=N] of demo.kernels.fused.Tiles")
+    p.add_argument("--per-sm", default="", help="the persistent launch's programs a multiprocessor to compare, "
+                                                 "comma-separated (0: as many as it holds)")
     p.add_argument("--compile", action="store_true", help="each width compiled too (GPU)")
     p.add_argument("--floor", action="store_true", help="the weights' bytes over the copy bandwidth (GPU)")
     p.add_argument("--context", type=int, default=ForwardConfig.context)
@@ -246,12 +271,16 @@ def parse_args(argv: list[str]) -> ForwardConfig:
             parse_tiles(t)
     except ValueError as e:
         p.error(str(e))
+    if not all(g.isdigit() for g in a.per_sm.split(",") if g):
+        p.error(f"--per-sm takes whole numbers, comma-separated, not {a.per_sm!r}")
+    per_sm = tuple(int(g) for g in a.per_sm.split(",") if g)
     widths = tuple(int(w) for w in a.widths.split(",") if w)
     if not widths or min(widths) < 1:
         p.error(f"--widths takes positive integers, comma-separated, not {a.widths!r}")
     if a.context + max(widths) > a.attend:
         p.error("--attend must cover the context and the widest forward")
-    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, tiles=tiles, compile=a.compile, floor=a.floor,
+    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, tiles=tiles, per_sm=per_sm,
+                         compile=a.compile, floor=a.floor,
                          context=a.context, attend=a.attend, repeats=a.repeats, top=a.top, device=a.device,
                          dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
 

@@ -4,6 +4,9 @@
            projection that follows it, RoPE and the cache write in q/k/v's, SiLU-and-multiply in
            gate/up's, the residual in o_proj's and down's; each row computed alike whatever the
            forward's width. The default, and what the app runs (docs/PERFORMANCE.md, "Kernels").
+    persistent  the same kernels' arithmetic, every layer of a decoding step's forward in one
+           persistent launch (demo.kernels.persistent): logits equal to the fused path's, bit for
+           bit; a prefill runs the fused kernels. A bench choice (``--kernels persistent``).
     torch  PyTorch throughout (SDPA's attention): the reference the fused path is tested against,
            and a bench row beside it (``python -m demo.bench --kernels torch``).
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-KERNELS = ("fused", "torch")
+KERNELS = ("fused", "persistent", "torch")
 DEFAULT_KERNELS = "fused"
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # a CPU-only install may lack it

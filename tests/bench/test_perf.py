@@ -139,12 +139,20 @@ def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_a
     assert parse_args(["--context", "192", "--widths", "1,64", "--attend", "256", "--device", "cpu"]).dtype == "float32"
 
 
-def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_and_refuses_a_malformed_one():
+def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persistent_once_per_tiles_and_grid_and_refuses_a_malformed_one():
     from demo.bench.perf_forward import parse_args, variants
 
     config = parse_args(["--kernels", "torch,fused", "--tiles", "default,block_n=16:steps=3", "--device", "cpu"])
-    assert variants(config) == [("torch", None), ("fused", "default"), ("fused", "block_n=16:steps=3")]
-    assert variants(parse_args(["--kernels", "fused", "--device", "cpu"])) == [("fused", None)]
+    assert variants(config) == [("torch", None, None), ("fused", "default", None),
+                                ("fused", "block_n=16:steps=3", None)]
+    assert variants(parse_args(["--kernels", "fused", "--device", "cpu"])) == [("fused", None, None)]
+    config = parse_args(["--kernels", "fused,persistent", "--tiles", "default,steps=0", "--per-sm", "1,0",
+                         "--device", "cpu"])
+    assert variants(config) == [("fused", "default", None), ("fused", "steps=0", None), ("persistent", "default", 1),
+                                ("persistent", "default", 0), ("persistent", "steps=0", 1),
+                                ("persistent", "steps=0", 0)]
+    with pytest.raises(SystemExit):
+        parse_args(["--kernels", "persistent", "--per-sm", "-1", "--device", "cpu"])
     for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
                 "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8"):
         with pytest.raises(SystemExit):

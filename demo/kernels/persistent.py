@@ -1,0 +1,373 @@
+"""Every decoder layer of a decoding step's forward in one persistent launch (``demo.kernels.runtime``
+"persistent").
+
+The fused path (``demo.kernels.fused``, ``demo.kernels.attend``) runs a layer as five or six
+launches: the default target's 8-row verification is 196 kernels, each too small to fill the GPU,
+with a gap between each two. Here one grid of programs, resident for the whole forward, walks all
+the layers: each stage of a layer (norm + q/k/v + RoPE + the cache write; attention; o_proj +
+residual; norm + gate/up + SiLU; down + residual) is a list of tasks, task t taken by program
+t mod G, and the programs meet at a barrier (a counter in global memory) before the next stage
+reads what the last one wrote. A task is exactly one program of the fused path's launch, the same
+``@triton.jit`` function with the same tiles (``_linear_tile``, ``_qkv_rope_tile``,
+``_attend_tile``, ``_combine_row``), so each row's arithmetic, and with it every bit, is the fused
+path's: the persistent path keeps its row-alike rounding (a bf16 tree emits 1-row target-only's
+tokens) and its logits equal the fused path's exactly (tests/kernels/test_persistent.py).
+
+Programs wait for each other, so all of them must be resident at once: the grid is at most as many
+programs as the multiprocessors hold together, by the compiled kernel's registers, threads and
+shared memory (``resident``; ``Grid.per_sm`` caps it), and no more than the widest stage has tasks
+(a program without a task only waits). A kernel running beside it on another stream only delays
+the programs it keeps off a multiprocessor until its own end. Several programs a
+multiprocessor hide one task's memory latency behind another's, as separate launches' programs do.
+Triton's interpreter runs the programs one after another: there the grid is one program, which
+takes every task in order and never waits.
+
+The layers' weights are read from stacked [L, ...] tensors (``LayerStack``): each layer's modules
+keep views of them, so nothing is stored twice and a layer's weights sit at base + layer x stride,
+aligned as the kernels' vector loads need. A layer is five stages, five barriers: where attention
+takes several slot splits (a cache of more than 128 slots) the last task of a group of rows weighs
+them together, as the fused path's second attention launch does.
+
+Only forwards that attend in slot order take it (a decoding step's, at most
+``demo.kernels.attend.ORDERED_ROWS`` rows); a prefill runs the fused layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from demo.kernels import attend as attend_kernels
+from demo.kernels import fused
+from demo.kernels.runtime import HAVE_TRITON, INTERPRETED
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    from demo.kernels.attend import _attend_tile, _combine_row
+    from demo.kernels.fused import _linear_tile, _qkv_rope_tile
+
+COUNTERS = 8192  # split counters: enough tiles for a projection of 256 rows and 8,192 output columns
+
+
+@dataclass
+class Grid:
+    """How many programs the persistent launch runs a multiprocessor: at most `per_sm` (0: as many
+    as it holds at once), never more than it holds; the interpreter always runs one program."""
+
+    per_sm: int = 0
+
+
+GRID = Grid()  # the grid every launch reads (the bench may set another)
+
+
+@dataclass
+class LayerStack:
+    """The decoder layers' weights stacked layer by layer, each layer's modules viewing its slice."""
+
+    norm1: torch.Tensor  # [L, H] input_layernorm
+    qkv: torch.Tensor  # [L, (nh + 2 nkv) hd, H] q, k and v stacked
+    qkv_bias: torch.Tensor | None  # [L, (nh + 2 nkv) hd]
+    o: torch.Tensor  # [L, H, nh hd]
+    norm2: torch.Tensor  # [L, H] post_attention_layernorm
+    gate_up: torch.Tensor  # [L, 2 I, H] gate rows, then up rows
+    down: torch.Tensor  # [L, H, I]
+    eps1: float
+    eps2: float
+    counters: torch.Tensor  # [COUNTERS] int32 zeros: the split counts (each stage's last splits reset theirs)
+    barrier: torch.Tensor  # [1] int32 zero: the stage barrier's count (the launch's last program resets it)
+
+
+def stack_layers(layers: list[dict]) -> LayerStack:
+    """Stack the layers' weights and point each layer's tensors at their slice. `layers`: per layer a
+    dict of norm1, qkv (a demo.layers.StackedLinear), o, norm2, gate_up (a StackedLinear), down, the
+    norms as RMSNorm modules and o and down as Linear modules."""
+    first = layers[0]
+    qkv_bias = first["qkv"].bias is not None
+    with torch.inference_mode(False), torch.no_grad():
+        stack = LayerStack(
+            norm1=torch.stack([p["norm1"].weight for p in layers]),
+            qkv=torch.stack([p["qkv"].weight for p in layers]),
+            qkv_bias=torch.stack([p["qkv"].bias for p in layers]) if qkv_bias else None,
+            o=torch.stack([p["o"].weight for p in layers]),
+            norm2=torch.stack([p["norm2"].weight for p in layers]),
+            gate_up=torch.stack([p["gate_up"].weight for p in layers]),
+            down=torch.stack([p["down"].weight for p in layers]),
+            eps1=float(first["norm1"].variance_epsilon), eps2=float(first["norm2"].variance_epsilon),
+            counters=torch.zeros(COUNTERS, dtype=torch.int32, device=first["o"].weight.device),
+            barrier=torch.zeros(1, dtype=torch.int32, device=first["o"].weight.device))
+        for i, p in enumerate(layers):
+            p["norm1"].weight.data = stack.norm1[i]
+            p["norm2"].weight.data = stack.norm2[i]
+            p["o"].weight.data = stack.o[i]
+            p["down"].weight.data = stack.down[i]
+            p["qkv"].rehome(stack.qkv[i], stack.qkv_bias[i] if qkv_bias else None)
+            p["gate_up"].rehome(stack.gate_up[i], None)
+    return stack
+
+
+def stack_current(stack: LayerStack, layers: list[dict]) -> bool:
+    """Whether every layer still reads its weights from `stack` (a ``.to()`` or a replaced ``.data``
+    gives a module new storage): the first and the last layer's tensors are checked."""
+    for i in {0, len(layers) - 1}:
+        p = layers[i]
+        pairs = ((p["norm1"].weight, stack.norm1[i]), (p["norm2"].weight, stack.norm2[i]), (p["o"].weight, stack.o[i]),
+                 (p["down"].weight, stack.down[i]), (p["qkv"].weight, stack.qkv[i]),
+                 (p["gate_up"].weight, stack.gate_up[i]))
+        if any(a.data_ptr() != b.data_ptr() or a.dtype != b.dtype for a, b in pairs) or not p["qkv"].current() \
+                or not p["gate_up"].current():
+            return False
+    return True
+
+
+def fits(stack: LayerStack, rows: int, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether a forward of `rows` query rows can take the persistent launch over `stack`: the
+    attention's rows in slot order (one query row's heads in one program), and the split counters
+    enough for every stage's tiles."""
+    if rows > attend_kernels.ORDERED_ROWS or num_heads // num_kv_heads > attend_kernels.BLOCK_M:
+        return False
+    t = fused.TILES
+    row_tiles = -(-rows // t.block_m)
+    widest = max(stack.gate_up.shape[1] // 2, stack.o.shape[1], stack.down.shape[1])
+    heads = (num_heads + 2 * num_kv_heads) * max(1, min(t.head_split, head_dim // 2 // fused.MIN_PART))
+    groups = -(-rows // attend_kernels.rows_sharing(num_heads // num_kv_heads)) * num_kv_heads  # a batch of one
+    return max(row_tiles * max(-(-widest // t.block_n), heads), groups) <= COUNTERS
+
+
+def persistent_layers(x: torch.Tensor, stack: LayerStack, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Every layer over x [B, q, H] in one launch. cos, sin [B, 1, q, hd]; slots [B, q] (where each
+    row's K/V is written); k_cache, v_cache [L, B, nkv, S, hd], written in place (S: the slots
+    attended over, a view of the cache's first ones); mask [B, 1, q, S] int32, each row's seen slots
+    in order (demo.kernels.attend.seen_slots) -> [L, B, q, H], the residual stream each layer leaves."""
+    B, M, H = x.shape
+    hd = k_cache.shape[-1]
+    out = torch.ops.speclens.layers(
+        x.reshape(B * M, H), stack.norm1, stack.qkv, stack.qkv_bias, stack.o, stack.norm2, stack.gate_up, stack.down,
+        stack.counters, stack.barrier, cos.reshape(B * M, hd), sin.reshape(B * M, hd), slots.reshape(-1),
+        k_cache, v_cache, mask if mask.stride(-1) == 1 else mask.contiguous(), num_heads, stack.eps1, stack.eps2, M)
+    return out.view(stack.o.shape[0], B, M, H)
+
+
+def resident(compiled, device: torch.device) -> int:
+    """How many programs of a compiled Triton kernel one multiprocessor of `device` holds at once, by
+    its registers (allocated 8 a thread at a time), its threads and its shared memory (with the 1 KB
+    the driver reserves a program)."""
+    props = torch.cuda.get_device_properties(device)
+    compiled._init_handles()  # loads the binary: n_regs is known from then on
+    threads = 32 * compiled.metadata.num_warps
+    by_regs = props.regs_per_multiprocessor // (-(-max(compiled.n_regs, 1) // 8) * 8 * threads)
+    by_threads = props.max_threads_per_multi_processor // threads
+    by_shared = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)
+    return max(1, min(by_regs, by_threads, by_shared, 32))
+
+
+def programs(kernel, args: tuple, kwargs: dict, device: torch.device, tasks: int) -> int:
+    """The persistent grid: as many programs as the multiprocessors hold together (at most
+    Grid.per_sm each) and the widest stage has tasks; one in the interpreter."""
+    if INTERPRETED:
+        return 1
+    compiled = kernel.warmup(*args, grid=(1,), **kwargs)  # the binary these arguments launch (compiled once)
+    if id(compiled) not in _RESIDENT:
+        _RESIDENT[id(compiled)] = (compiled, resident(compiled, device))  # the kernel kept: its id stays its own
+    held = _RESIDENT[id(compiled)][1]
+    per_sm = min(held, GRID.per_sm) if GRID.per_sm else held
+    return max(1, min(tasks, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
+
+
+_RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
+
+
+def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, barrier, cos, sin, slots, k_cache,
+                  v_cache, mask, num_heads, eps1, eps2, rows_per_batch, kernel) -> torch.Tensor:
+    """One launch of `kernel` (``_layers``): shapes as persistent_layers' with the rows flattened
+    (x [R, H], cos, sin [R, hd], slots [R]) -> [L, R, H]."""
+    R, H = x.shape
+    L, NQKV, _ = qkv.shape
+    I = gate_up.shape[1] // 2
+    _, B, nkv, S, hd = k_cache.shape
+    S = mask.shape[-1]  # the slots attended over (k_cache may hold more)
+    M = rows_per_batch
+    t = fused.TILES
+    split = max(1, min(t.head_split, hd // 2 // fused.MIN_PART))
+    nhd = num_heads * hd
+
+    def cols(N):  # the fused path's output tiles of a projection N wide (a head-wide one takes wide tiles)
+        return t.wide_block_n if triton.cdiv(N, t.block_n) >= fused.SPLIT_BELOW else t.block_n
+
+    qkv_splits, qkv_chunk = fused.input_splits(H, (num_heads + 2 * nkv) * split)
+    o_splits, o_chunk = fused.input_splits(nhd, triton.cdiv(H, t.block_n))
+    gu_splits, gu_chunk = fused.input_splits(H, triton.cdiv(I, t.block_n))
+    down_splits, down_chunk = fused.input_splits(I, triton.cdiv(H, t.block_n))
+    width = max(qkv_splits * NQKV, o_splits * H, gu_splits * 2 * I, down_splits * H)
+    partial = torch.empty(R * width, dtype=torch.float32, device=x.device)
+    attn_splits = triton.cdiv(S, attend_kernels.SPLIT)
+    attn_partial = torch.empty(R * num_heads * attn_splits * hd, dtype=torch.float32, device=x.device)
+    attn_stats = torch.empty(R * num_heads * attn_splits * 2, dtype=torch.float32, device=x.device)
+    out = torch.empty(L, R, H, dtype=x.dtype, device=x.device)
+    mid = torch.empty(R, H, dtype=x.dtype, device=x.device)
+    q = torch.empty(R, num_heads, hd, dtype=x.dtype, device=x.device)
+    heads = torch.empty(R, nhd, dtype=x.dtype, device=x.device)
+    act = torch.empty(R, I, dtype=x.dtype, device=x.device)
+    group = num_heads // nkv
+    sharing = attend_kernels.rows_sharing(group)
+    row_tiles = triton.cdiv(R, t.block_m)
+    tasks = max(row_tiles * (num_heads + 2 * nkv) * split * qkv_splits, B * nkv * M * attn_splits,
+                row_tiles * triton.cdiv(H, cols(H)) * max(o_splits, down_splits),
+                row_tiles * triton.cdiv(I, cols(I)) * gu_splits)  # the widest stage's
+    args = (x, out, mid, q, heads, act, partial, attn_partial, attn_stats, counters, barrier,
+            norm1, qkv, qkv if qkv_bias is None else qkv_bias, o, norm2, gate_up, down,
+            cos, sin, slots, k_cache, v_cache, mask,
+            L, R, M, S, B, nkv, H, NQKV, I, qkv_chunk, o_chunk, gu_chunk, down_chunk, attn_splits,
+            cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3), mask.stride(0), mask.stride(2))
+    kwargs = dict(
+        eps1=eps1, eps2=eps2, qk_scale=math.log2(math.e) / math.sqrt(hd), NH=num_heads,
+        BIAS=qkv_bias is not None, HALF=hd // 2, PART=hd // 2 // split, QKV_SPLITS=qkv_splits,
+        O_SPLITS=o_splits, GU_SPLITS=gu_splits, DOWN_SPLITS=down_splits, O_BN=cols(H), GU_BN=cols(I),
+        BLOCK_M=t.block_m, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32, GROUP=group, HD=hd,
+        A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
+        ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    kernel[(programs(kernel, args, kwargs, x.device, tasks),)](*args, **kwargs)
+    return out
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _wait_all(bar_ptr, count):
+        """Arrive at the barrier and wait until `count` arrivals have been counted (the count grows
+        through the launch: barrier j of G programs waits for j x G). Every thread's stores come
+        before the arrival; the acquiring read makes the others' visible after it."""
+        tl.debug_barrier()
+        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        while seen < count:
+            seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+
+    @triton.jit
+    def _combine_group(bk, lead, done_ptr, partial_ptr, stats_ptr, out_ptr, M, NKV, splits, GROUP: tl.constexpr,
+                       HD: tl.constexpr, ROWS: tl.constexpr):
+        """Called by every attention task of KV head `bk` (with its batch) whose query row is one of the
+        ROWS rows from `lead` on, once it has stored its sums: the last of them (ROWS x splits, or
+        fewer rows at the end) weighs each row's and head's splits together (the fused path's
+        combine, one launch fewer and one barrier fewer a layer). A group's rows share the splits
+        they all see whole (demo.kernels.attend.rows_sharing): their sums come from the group's first
+        row's tasks, so the group, not the row, is what must be complete."""
+        members = tl.minimum(ROWS, M - lead)
+        tl.debug_barrier()  # every thread's stores before the count
+        count = bk * tl.cdiv(M, ROWS) + lead // ROWS
+        last = tl.atomic_add(done_ptr + count, 1, sem="acq_rel", scope="gpu") == members * splits - 1
+        if last:
+            tl.atomic_xchg(done_ptr + count, 0, sem="relaxed", scope="gpu")
+        tl.debug_barrier()  # the count read before any thread reads the others' sums
+        if last:
+            b = bk // NKV
+            kv = bk % NKV
+            for m in range(lead, lead + members):
+                for h in range(kv * GROUP, kv * GROUP + GROUP):
+                    _combine_row((b * M + m) * NKV * GROUP + h, partial_ptr, stats_ptr, out_ptr, splits, HD)
+
+    @triton.jit
+    def _layers(x_ptr, out_ptr, mid_ptr, q_ptr, heads_ptr, act_ptr, partial_ptr, attn_partial_ptr, attn_stats_ptr,
+                done_ptr, bar_ptr, norm1_ptr, qkv_ptr, bias_ptr, o_ptr, norm2_ptr, gu_ptr, down_ptr,
+                cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, mask_ptr,
+                L, R, M, S, B, NKV, H, NQKV, I, qkv_chunk, o_chunk, gu_chunk, down_chunk, attn_splits,
+                cos_stride, sin_stride, k_sl, k_sb, k_sh, k_ss, v_sl, v_sb, v_sh, v_ss, mask_sb, mask_sm,
+                eps1: tl.constexpr, eps2: tl.constexpr, qk_scale: tl.constexpr, NH: tl.constexpr,
+                BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, QKV_SPLITS: tl.constexpr,
+                O_SPLITS: tl.constexpr, GU_SPLITS: tl.constexpr, DOWN_SPLITS: tl.constexpr,
+                O_BN: tl.constexpr, GU_BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                IEEE: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, A_BLOCK_M: tl.constexpr,
+                A_BLOCK_N: tl.constexpr, A_SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ROWS: tl.constexpr,
+                ROWS_P2: tl.constexpr):
+        pid = tl.program_id(0)
+        G = tl.num_programs(0)
+        row_tiles = tl.cdiv(R, BLOCK_M)
+        qkv_cols = (NH + 2 * NKV) * (HALF // PART)
+        o_cols = tl.cdiv(H, O_BN)
+        gu_cols = tl.cdiv(I, GU_BN)
+        NHD = NH * HD
+        waits = 0
+        for i in range(L):
+            layer = tl.cast(i, tl.int64)  # an 8B model's stacked gate/up passes 2**31 elements by its 19th layer
+            if i == 0:
+                src = x_ptr
+            else:
+                src = out_ptr + (layer - 1) * R * H
+            dst = out_ptr + layer * R * H
+            k_layer = k_ptr + layer * k_sl
+            v_layer = v_ptr + layer * v_sl
+            # norm + q/k/v + RoPE; k and v into the cache, q into q_ptr [R, nh, hd]
+            for t in range(pid, row_tiles * qkv_cols * QKV_SPLITS, G):
+                tile = t // QKV_SPLITS
+                _qkv_rope_tile(tile // qkv_cols, tile % qkv_cols, t % QKV_SPLITS, tile, src, norm1_ptr + layer * H,
+                               qkv_ptr + layer * NQKV * H, bias_ptr + layer * NQKV, cos_ptr, sin_ptr, slot_ptr,
+                               k_layer, v_layer, q_ptr, partial_ptr, done_ptr, R, H, qkv_chunk, eps1, M, NH, NKV,
+                               H, H, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                               BIAS, HALF, PART, QKV_SPLITS, BLOCK_M, BLOCK_K, IEEE)
+            waits += 1
+            _wait_all(bar_ptr, waits * G)
+            # attention: (batch and KV head, query row, slot split), into heads_ptr [B, q, nh, hd]
+            for t in range(pid, B * NKV * M * attn_splits, G):
+                row = t // attn_splits
+                bk = row // M
+                part = row % M
+                _attend_tile(bk, part, t % attn_splits, attn_splits, q_ptr, k_layer, v_layer, mask_ptr, heads_ptr,
+                             attn_partial_ptr, attn_stats_ptr, M, S, NKV, qk_scale, M * NHD, HD, NHD, k_sb, k_sh,
+                             k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm, GROUP, HD, A_BLOCK_M, A_BLOCK_N, A_SPLIT,
+                             ONE_SPLIT, True, IEEE, ROWS, ROWS_P2)
+                if not ONE_SPLIT:  # the last of a row group's programs weighs the slot splits together
+                    _combine_group(bk, part - part % ROWS, done_ptr, attn_partial_ptr, attn_stats_ptr, heads_ptr,
+                                   M, NKV, attn_splits, GROUP, HD, ROWS)
+            waits += 1
+            _wait_all(bar_ptr, waits * G)
+            # o_proj + residual: mid = src + heads @ Wo^T
+            for t in range(pid, row_tiles * o_cols * O_SPLITS, G):
+                tile = t // O_SPLITS
+                _linear_tile(tile // o_cols, tile % o_cols, t % O_SPLITS, tile, heads_ptr, norm1_ptr,
+                             o_ptr + layer * H * NHD, o_ptr, src, mid_ptr, partial_ptr, done_ptr, R, NHD, H, o_chunk,
+                             0.0, NHD, NHD, H, H, False, False, False, True, O_SPLITS, BLOCK_M, O_BN, BLOCK_K, IEEE)
+            waits += 1
+            _wait_all(bar_ptr, waits * G)
+            # norm + gate/up + SiLU-and-multiply: act = silu(gate(n)) * up(n), n = norm2(mid)
+            for t in range(pid, row_tiles * gu_cols * GU_SPLITS, G):
+                tile = t // GU_SPLITS
+                _linear_tile(tile // gu_cols, tile % gu_cols, t % GU_SPLITS, tile, mid_ptr, norm2_ptr + layer * H,
+                             gu_ptr + layer * 2 * I * H, gu_ptr, mid_ptr, act_ptr, partial_ptr, done_ptr, R, H, I,
+                             gu_chunk, eps2, H, H, 0, I, True, False, True, False, GU_SPLITS, BLOCK_M, GU_BN,
+                             BLOCK_K, IEEE)
+            waits += 1
+            _wait_all(bar_ptr, waits * G)
+            # down + residual: dst = mid + act @ Wd^T
+            for t in range(pid, row_tiles * o_cols * DOWN_SPLITS, G):
+                tile = t // DOWN_SPLITS
+                _linear_tile(tile // o_cols, tile % o_cols, t % DOWN_SPLITS, tile, act_ptr, norm2_ptr,
+                             down_ptr + layer * H * I, down_ptr, mid_ptr, dst, partial_ptr, done_ptr, R, I, H,
+                             down_chunk, 0.0, I, I, H, H, False, False, False, True, DOWN_SPLITS, BLOCK_M, O_BN,
+                             BLOCK_K, IEEE)
+            if i < L - 1:
+                waits += 1
+                _wait_all(bar_ptr, waits * G)
+        # the last arrival sets the count back to zero for the next launch: no program waits on it now
+        tl.debug_barrier()
+        if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == (waits + 1) * G - 1:
+            tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+
+    @torch.library.custom_op("speclens::layers", mutates_args=("k_cache", "v_cache"))
+    def _layers_op(x: torch.Tensor, norm1: torch.Tensor, qkv: torch.Tensor, qkv_bias: torch.Tensor | None,
+                   o: torch.Tensor, norm2: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                   counters: torch.Tensor, barrier: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                   num_heads: int, eps1: float, eps2: float, rows_per_batch: int) -> torch.Tensor:
+        return launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, barrier, cos, sin, slots,
+                             k_cache, v_cache, mask, num_heads, eps1, eps2, rows_per_batch, _layers)
+
+    @_layers_op.register_fake
+    def _layers_fake(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, barrier, cos, sin, slots, k_cache,
+                     v_cache, mask, num_heads, eps1, eps2, rows_per_batch):
+        return x.new_empty(qkv.shape[0], x.shape[0], x.shape[1])

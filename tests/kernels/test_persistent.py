@@ -1,0 +1,131 @@
+"""demo.kernels.persistent: every layer of a decoding step's forward in one launch, its tasks the fused
+path's programs. Run here under Triton's interpreter in fp32 (one program takes every task in
+order); tests/gpu/test_persistent_gpu.py runs it in bf16 with a program a multiprocessor."""
+
+import pytest
+import torch
+
+from tests.interpreted import run_interpreted
+
+pytest.importorskip("triton")
+
+
+def check_logits_equal_the_fused_paths() -> None:
+    """Logits, the residual streams EAGLE-3 reads and the cache's K/V are the fused path's, bit for
+    bit: target-only's 1 row, a chain's 5, a tree's 9 (its mask in slot order), over one slot split
+    (128 slots) and over two (256: a row group's last task weighs them together); Llama, and Qwen2
+    (q/k/v biases).
+    The barrier's count and the split counters are zero after every launch."""
+    from demo.target import Target
+    from demo.tree import tree_attention_mask
+    from tests.tiny import tiny_hf
+
+    parents = torch.tensor([0, 0, 0, 1, 1, 2, 3, 5, 6])
+    depth = [0]
+    for p in parents[1:].tolist():
+        depth.append(depth[p] + 1)
+    for kind, S, root in (("llama", 128, 60), ("llama", 256, 124), ("qwen2", 256, 130)):
+        hf = tiny_hf(kind, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1)
+        g = torch.Generator().manual_seed(S)
+        prompt = torch.randint(3, 256, (1, root), generator=g)
+        chain = torch.randint(3, 256, (1, 5), generator=g)
+        tree = torch.randint(3, 256, (1, parents.shape[0]), generator=g)
+        mask = tree_attention_mask(parents, max(depth), torch.tensor(root), S)
+        forwards = {
+            "one row": lambda t: t.forward(chain[:, :1], torch.tensor([[root]]), attend=S, aux_layers=(0, 2, 3)),
+            "chain": lambda t: t.forward(chain, root + torch.arange(5).view(1, -1), attend=S, aux_layers=(0, 2, 3)),
+            "tree": lambda t: t.forward(tree, root + torch.tensor([depth]), slots=root + torch.arange(9).view(1, -1),
+                                        mask=mask, attend=S, aux_layers=(1,)),
+        }
+        results = {}
+        for kernels in ("fused", "persistent"):
+            target = Target(hf, kernels=kernels)
+            target.setup_cache(S)
+            target.stack_weights()
+            with torch.inference_mode():
+                target.forward(prompt, torch.arange(root).view(1, -1), attend=S)  # a prefill: the fused layers
+                saved = target.cache.k.clone(), target.cache.v.clone()
+                for name, forward in forwards.items():
+                    target.cache.k.copy_(saved[0])
+                    target.cache.v.copy_(saved[1])
+                    out = forward(target)
+                    results[kernels, name] = (out.logits, out.aux, target.cache.k.clone(), target.cache.v.clone())
+                    if kernels == "persistent":
+                        stack = target.layer_stack()
+                        assert not stack.barrier.any() and not stack.counters.any(), (kind, S, name)
+        assert target._stack is not None  # the persistent launch ran
+        for name in forwards:
+            for a, b in zip(results["fused", name], results["persistent", name]):
+                assert torch.equal(a, b), (kind, S, name)
+
+
+def check_generations() -> None:
+    """Whole generations with the persistent launch give transformers' greedy tokens: target-only, a
+    chain and a tree."""
+    from demo.config import TreeShape
+    from demo.engine import Engine
+    from demo.target import Target
+    from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
+
+    prompt = [1, 17, 99, 4, 250, 31, 8]
+    hf = tiny_hf("llama", num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1)
+    ref = hf_greedy(hf, prompt, 12)
+    target = Target(hf, kernels="persistent")
+    for method, k, tree in (("none", 0, None), ("eagle3", 3, None), ("eagle3", 3, TreeShape(3, 8))):
+        drafter = tiny_drafter(method, target) if method != "none" else None
+        engine = Engine(target, drafter, max_context=64)
+        tokens, _ = run(engine, prompt, max_new_tokens=12, num_spec_tokens=k, tree=tree, stop_token_ids=())
+        assert tokens == ref, method
+    assert target._stack is not None
+
+
+def test_the_persistent_launch_gives_the_fused_paths_logits_streams_and_cache_bit_for_bit():
+    run_interpreted("from tests.kernels.test_persistent import check_logits_equal_the_fused_paths\n"
+                    "check_logits_equal_the_fused_paths()\nprint('checked')")
+
+
+def test_generations_through_the_persistent_launch_keep_target_greedy_tokens():
+    run_interpreted("from tests.kernels.test_persistent import check_generations\ncheck_generations()\n"
+                    "print('checked')")
+
+
+def test_stacking_the_layers_keeps_every_weight_and_restacks_a_replaced_one():
+    """The stack holds the layers' weights, and each module reads its slice (nothing stored twice);
+    a weight given new storage afterwards makes the stack stale, and the next one holds it."""
+    from demo.kernels.persistent import stack_current, stack_layers
+    from demo.target import Target
+    from tests.tiny import tiny_hf
+
+    hf = tiny_hf("qwen2", num_hidden_layers=3)
+    before = {k: v.clone() for k, v in hf.state_dict().items()}
+    target = Target(hf)
+    parts = target._layer_parts()
+    stack = stack_layers(parts)
+    after = hf.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    layer = hf.model.layers[1]
+    assert layer.mlp.down_proj.weight.data_ptr() == stack.down[1].data_ptr()
+    assert layer.self_attn.k_proj.weight.data_ptr() == stack.qkv[1].data_ptr() + \
+        layer.self_attn.q_proj.weight.numel() * stack.qkv.element_size()
+    assert layer.self_attn.v_proj.bias.data_ptr() > stack.qkv_bias[1].data_ptr()
+    assert stack_current(stack, parts)
+    hf.model.layers[-1].mlp.down_proj.weight.data = hf.model.layers[-1].mlp.down_proj.weight.clone() * 2
+    assert not stack_current(stack, parts)
+    again = stack_layers(target._layer_parts())
+    assert torch.equal(again.down[-1], 2 * before["model.layers.2.mlp.down_proj.weight"])
+
+
+def test_on_a_cpu_the_persistent_choice_runs_the_pytorch_layers():
+    """Without a GPU or the interpreter the choice changes nothing: PyTorch's layers, no stack."""
+    from demo.target import Target
+    from tests.tiny import tiny_hf
+
+    hf = tiny_hf("llama", num_hidden_layers=2)
+    reference, persistent = Target(hf, kernels="fused"), Target(hf, kernels="persistent")
+    outs = []
+    for target in (reference, persistent):
+        target.setup_cache(32)
+        with torch.inference_mode():
+            outs.append(target.forward(torch.tensor([[5, 6, 7]]), torch.arange(3).view(1, -1)).logits)
+    assert persistent.layer_stack() is None and persistent._stack is None
+    assert torch.equal(outs[0], outs[1])
