@@ -174,9 +174,10 @@ def parse_tiles(text: str):
     t = Tiles(**values)
     powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.wide_block_n)
     if min(t.block_m, t.block_n, t.block_k, t.wide_block_n) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
-            or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6:
+            or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6 or t.unroll_norm not in (0, 1):
         raise ValueError(f"block_m, block_n, block_k and wide_block_n powers of two of at least {MIN_PART}, "
-                         f"head_split a power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6; not {text!r}")
+                         f"head_split a power of two, num_warps 1, 2, 4 or 8, num_stages 1 to 6, unroll_norm 0 or 1; "
+                         f"not {text!r}")
     return t
 
 

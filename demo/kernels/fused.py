@@ -69,6 +69,8 @@ class Tiles:
     steps: int = 3  # at most this many input steps a program (0: the whole input); a split input's
     # partial sums are added in split order by the tile's last program (input_splits, SPLIT_BELOW)
     wide_block_n: int = 64  # output columns a program takes in a projection too wide to split (the head)
+    unroll_norm: int = 1  # 1: the norm's sum of squares unrolled over the input's steps, its loads issued at
+    # once (the input's width compiled in); 0: a loop of dependent steps. The same sums in the same order
 
     def __str__(self) -> str:
         default = Tiles()
@@ -153,7 +155,7 @@ def launch_qkv_rope(x, norm_weight, eps, weight, bias, cos, sin, slots, k_cache,
                              k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                              BIAS=bias is not None, HALF=hd // 2, PART=hd // 2 // split, SPLITS=splits,
                              BLOCK_M=TILES.block_m, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
-                             num_warps=TILES.num_warps, num_stages=TILES.num_stages)
+                             NORM_K=K * TILES.unroll_norm, num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return q
 
 
@@ -213,19 +215,28 @@ def launch_fused_linear(x, norm_weight, eps, weight, bias, residual, gated, kern
                              out.stride(0), NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated,
                              RESIDUAL=residual is not None, SPLITS=splits, BLOCK_M=TILES.block_m,
                              BLOCK_N=block_n, BLOCK_K=TILES.block_k, IEEE=x.dtype == torch.float32,
+                             NORM_K=K * TILES.unroll_norm if norm_weight is not None else 0,
                              num_warps=TILES.num_warps, num_stages=TILES.num_stages)
     return out
 
 
 if HAVE_TRITON:
     @triton.jit
-    def _inv_rms(x_rows, live, K, eps: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-        """[BLOCK_M] 1 / the RMS of each row, its sum of squares taken in fp32 in BLOCK_K steps."""
+    def _inv_rms(x_rows, live, K, eps: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 NORM_K: tl.constexpr):
+        """[BLOCK_M] 1 / the RMS of each row, its sum of squares taken in fp32 in BLOCK_K steps, in a
+        loop, or unrolled where NORM_K (= K) is given: a step's loads then wait for no earlier step."""
         squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            k = start + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-            squares += tl.sum(xv * xv, axis=1)
+        if NORM_K > 0:
+            for start in tl.static_range(0, NORM_K, BLOCK_K):
+                k = start + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < NORM_K)[None, :], other=0.0).to(tl.float32)
+                squares += tl.sum(xv * xv, axis=1)
+        else:
+            for start in range(0, K, BLOCK_K):
+                k = start + tl.arange(0, BLOCK_K)
+                xv = tl.load(x_rows + k[None, :], mask=live[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+                squares += tl.sum(xv * xv, axis=1)
         return tl.rsqrt(squares / K + eps)
 
     @triton.jit
@@ -253,18 +264,18 @@ if HAVE_TRITON:
                       eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride,
                       NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                       SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      IEEE: tl.constexpr):
+                      IEEE: tl.constexpr, NORM_K: tl.constexpr):
         _linear_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2),
                      tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), x_ptr, norm_ptr, w_ptr, bias_ptr,
                      res_ptr, out_ptr, partial_ptr, done_ptr, R, K, N, chunk, eps, x_stride, w_stride, res_stride,
-                     out_stride, NORM, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, IEEE)
+                     out_stride, NORM, BIAS, GATED, RESIDUAL, SPLITS, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, NORM_K)
 
     @triton.jit
     def _linear_tile(row_tile, col_tile, split, tile, x_ptr, norm_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, partial_ptr,
                      done_ptr, R, K, N, chunk, eps: tl.constexpr, x_stride, w_stride, res_stride, out_stride,
                      NORM: tl.constexpr, BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                      SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     IEEE: tl.constexpr):
+                     IEEE: tl.constexpr, NORM_K: tl.constexpr):
         """One program's share of a fused projection: rows `row_tile`, columns `col_tile`, the input's
         split `split` ([split * chunk, (split + 1) * chunk)); `tile` indexes its split counter. What
         _fused_linear's program (row_tile, col_tile, split) does, and demo.kernels.persistent's tasks."""
@@ -274,7 +285,7 @@ if HAVE_TRITON:
         used = cols < N
         x_rows = x_ptr + rows[:, None] * x_stride
         if NORM:  # the whole row's sum of squares, whatever part of the input this program takes
-            inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
+            inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K, NORM_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for start in range(split * chunk, tl.minimum(split * chunk + chunk, K), BLOCK_K):
@@ -347,19 +358,19 @@ if HAVE_TRITON:
                   done_ptr, R, K, chunk, eps: tl.constexpr, M, NH, NKV, x_stride, w_stride, cos_stride, sin_stride,
                   k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                   BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, SPLITS: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, NORM_K: tl.constexpr):
         _qkv_rope_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2),
                        tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), x_ptr, norm_ptr, w_ptr, bias_ptr,
                        cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, q_ptr, partial_ptr, done_ptr, R, K, chunk, eps, M,
                        NH, NKV, x_stride, w_stride, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                       BIAS, HALF, PART, SPLITS, BLOCK_M, BLOCK_K, IEEE)
+                       BIAS, HALF, PART, SPLITS, BLOCK_M, BLOCK_K, IEEE, NORM_K)
 
     @triton.jit
     def _qkv_rope_tile(row_tile, head_part, split, tile, x_ptr, norm_ptr, w_ptr, bias_ptr, cos_ptr, sin_ptr, slot_ptr,
                        k_ptr, v_ptr, q_ptr, partial_ptr, done_ptr, R, K, chunk, eps: tl.constexpr, M, NH, NKV,
                        x_stride, w_stride, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                        BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, SPLITS: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, NORM_K: tl.constexpr):
         """One program's share of norm_qkv_rope: rows `row_tile`, part `head_part` of a head (q heads,
         then k, then v), the input's split `split`; `tile` indexes its split counter. What
         _qkv_rope's program (row_tile, head_part, split) does, and demo.kernels.persistent's tasks."""
@@ -370,7 +381,7 @@ if HAVE_TRITON:
         first = head * 2 * HALF + half  # the same columns of the head's two halves
         second = first + HALF
         x_rows = x_ptr + rows[:, None] * x_stride
-        inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K)
+        inv = _inv_rms(x_rows, live, K, eps, BLOCK_M, BLOCK_K, NORM_K)
         a = tl.zeros((BLOCK_M, PART), dtype=tl.float32)
         b = tl.zeros((BLOCK_M, PART), dtype=tl.float32)
         for start in range(split * chunk, tl.minimum(split * chunk + chunk, K), BLOCK_K):

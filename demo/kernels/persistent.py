@@ -230,7 +230,7 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
         O_SPLITS=o_splits, GU_SPLITS=gu_splits, DOWN_SPLITS=down_splits, O_BN=cols(H), GU_BN=cols(I),
         BLOCK_M=t.block_m, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32, GROUP=group, HD=hd,
         A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
-        ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
+        ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing), NORM_K=H * t.unroll_norm,
         num_warps=t.num_warps, num_stages=t.num_stages)
     kernel[(programs(kernel, args, kwargs, x.device, tasks),)](*args, **kwargs)
     return out
@@ -284,7 +284,7 @@ if HAVE_TRITON:
                 O_BN: tl.constexpr, GU_BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                 IEEE: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, A_BLOCK_M: tl.constexpr,
                 A_BLOCK_N: tl.constexpr, A_SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ROWS: tl.constexpr,
-                ROWS_P2: tl.constexpr):
+                ROWS_P2: tl.constexpr, NORM_K: tl.constexpr):
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         row_tiles = tl.cdiv(R, BLOCK_M)
@@ -309,7 +309,7 @@ if HAVE_TRITON:
                                qkv_ptr + layer * NQKV * H, bias_ptr + layer * NQKV, cos_ptr, sin_ptr, slot_ptr,
                                k_layer, v_layer, q_ptr, partial_ptr, done_ptr, R, H, qkv_chunk, eps1, M, NH, NKV,
                                H, H, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                               BIAS, HALF, PART, QKV_SPLITS, BLOCK_M, BLOCK_K, IEEE)
+                               BIAS, HALF, PART, QKV_SPLITS, BLOCK_M, BLOCK_K, IEEE, NORM_K)
             waits += 1
             _wait_all(bar_ptr, waits * G)
             # attention: (batch and KV head, query row, slot split), into heads_ptr [B, q, nh, hd]
@@ -331,7 +331,7 @@ if HAVE_TRITON:
                 tile = t // O_SPLITS
                 _linear_tile(tile // o_cols, tile % o_cols, t % O_SPLITS, tile, heads_ptr, norm1_ptr,
                              o_ptr + layer * H * NHD, o_ptr, src, mid_ptr, partial_ptr, done_ptr, R, NHD, H, o_chunk,
-                             0.0, NHD, NHD, H, H, False, False, False, True, O_SPLITS, BLOCK_M, O_BN, BLOCK_K, IEEE)
+                             0.0, NHD, NHD, H, H, False, False, False, True, O_SPLITS, BLOCK_M, O_BN, BLOCK_K, IEEE, 0)
             waits += 1
             _wait_all(bar_ptr, waits * G)
             # norm + gate/up + SiLU-and-multiply: act = silu(gate(n)) * up(n), n = norm2(mid)
@@ -340,7 +340,7 @@ if HAVE_TRITON:
                 _linear_tile(tile // gu_cols, tile % gu_cols, t % GU_SPLITS, tile, mid_ptr, norm2_ptr + layer * H,
                              gu_ptr + layer * 2 * I * H, gu_ptr, mid_ptr, act_ptr, partial_ptr, done_ptr, R, H, I,
                              gu_chunk, eps2, H, H, 0, I, True, False, True, False, GU_SPLITS, BLOCK_M, GU_BN,
-                             BLOCK_K, IEEE)
+                             BLOCK_K, IEEE, NORM_K)
             waits += 1
             _wait_all(bar_ptr, waits * G)
             # down + residual: dst = mid + act @ Wd^T
@@ -349,7 +349,7 @@ if HAVE_TRITON:
                 _linear_tile(tile // o_cols, tile % o_cols, t % DOWN_SPLITS, tile, act_ptr, norm2_ptr,
                              down_ptr + layer * H * I, down_ptr, mid_ptr, dst, partial_ptr, done_ptr, R, I, H,
                              down_chunk, 0.0, I, I, H, H, False, False, False, True, DOWN_SPLITS, BLOCK_M, O_BN,
-                             BLOCK_K, IEEE)
+                             BLOCK_K, IEEE, 0)
             if i < L - 1:
                 waits += 1
                 _wait_all(bar_ptr, waits * G)

@@ -154,7 +154,7 @@ def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persis
     with pytest.raises(SystemExit):
         parse_args(["--kernels", "persistent", "--per-sm", "-1", "--device", "cpu"])
     for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
-                "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8"):
+                "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8", "unroll_norm=2"):
         with pytest.raises(SystemExit):
             parse_args(["--kernels", "fused", "--tiles", bad, "--device", "cpu"])
 
