@@ -5,28 +5,26 @@ The fused path (``demo.kernels.fused``, ``demo.kernels.attend``) runs a layer as
 launches: the default target's 8-row verification is 196 kernels, each too small to fill the GPU,
 with a gap between each two. Here one grid of programs, resident for the whole forward, walks all
 the layers: each stage of a layer (norm + q/k/v + RoPE + the cache write; attention; o_proj +
-residual; norm + gate/up + SiLU; down + residual) is a list of tasks, task t taken by program
-t mod G, and the programs meet at a barrier (a counter in global memory) before the next stage
-reads what the last one wrote. A task is exactly one program of the fused path's launch, the same
-``@triton.jit`` function with the same tiles (``_linear_tile``, ``_qkv_rope_tile``,
-``_attend_tile``, ``_combine_row``), so each row's arithmetic, and with it every bit, is the fused
-path's: the persistent path keeps its row-alike rounding (a bf16 tree emits 1-row target-only's
-tokens) and its logits equal the fused path's exactly (tests/kernels/test_persistent.py).
+residual; norm + gate/up + SiLU; down + residual; where attention takes several slot splits,
+their combination) is a list of tasks, task t taken by program t mod G, and the programs meet at
+a barrier (a counter in global memory) before the next stage reads what the last one wrote. A task
+is exactly one program of the fused path's launch, the same ``@triton.jit`` function with the same
+tiles (``_linear_tile``, ``_qkv_rope_tile``, ``_attend_tile``, ``_combine_row``), so each row's
+arithmetic, and with it every bit, is the fused path's: rows alike at any width (a bf16 tree emits
+1-row target-only's tokens), logits equal to the fused path's (tests/kernels/test_persistent.py).
 
-Programs wait for each other, so all of them must be resident at once: the grid is at most as many
-programs as the multiprocessors hold together, by the compiled kernel's registers, threads and
-shared memory (``resident``; ``Grid.per_sm`` caps it), and no more than the widest stage has tasks
-(a program without a task only waits). A kernel running beside it on another stream only delays
-the programs it keeps off a multiprocessor until its own end. Several programs a
-multiprocessor hide one task's memory latency behind another's, as separate launches' programs do.
-Triton's interpreter runs the programs one after another: there the grid is one program, which
+Programs wait for each other, so all of them must be resident at once: the grid is one program a
+multiprocessor (``Grid.per_sm``: more, never more than the multiprocessors hold together by the
+compiled kernel's registers, threads and shared memory, ``resident``), and no more than the widest
+stage has tasks (a program without a task only waits). A kernel running beside it on another
+stream only delays the programs it keeps off a multiprocessor until its own end. Triton's
+interpreter runs the programs one after another: there the grid is one program, which
 takes every task in order and never waits.
 
 The layers' weights are read from stacked [L, ...] tensors (``LayerStack``): each layer's modules
 keep views of them, so nothing is stored twice and a layer's weights sit at base + layer x stride,
-aligned as the kernels' vector loads need. A layer is five stages, five barriers: where attention
-takes several slot splits (a cache of more than 128 slots) the last task of a group of rows weighs
-them together, as the fused path's second attention launch does.
+aligned as the kernels' vector loads need. A layer is five stages, five barriers, and six where
+attention takes several slot splits (a cache of more than 128 slots): their combination is a stage.
 
 Only forwards that attend in slot order take it (a decoding step's, at most
 ``demo.kernels.attend.ORDERED_ROWS`` rows); a prefill runs the fused layers.
@@ -56,9 +54,10 @@ COUNTERS = 8192  # split counters: enough tiles for a projection of 256 rows and
 @dataclass
 class Grid:
     """How many programs the persistent launch runs a multiprocessor: at most `per_sm` (0: as many
-    as it holds at once), never more than it holds; the interpreter always runs one program."""
+    as it holds at once), never more than it holds; the interpreter always runs one program. One,
+    the default, was the quickest measured at 1 and 8 rows (docs/PERFORMANCE.md, "Current figures")."""
 
-    per_sm: int = 0
+    per_sm: int = 1
 
 
 GRID = Grid()  # the grid every launch reads (the bench may set another)
@@ -133,8 +132,7 @@ def fits(stack: LayerStack, rows: int, num_heads: int, num_kv_heads: int, head_d
     row_tiles = -(-rows // t.block_m)
     widest = max(stack.gate_up.shape[1] // 2, stack.o.shape[1], stack.down.shape[1])
     heads = (num_heads + 2 * num_kv_heads) * max(1, min(t.head_split, head_dim // 2 // fused.MIN_PART))
-    groups = -(-rows // attend_kernels.rows_sharing(num_heads // num_kv_heads)) * num_kv_heads  # a batch of one
-    return max(row_tiles * max(-(-widest // t.block_n), heads), groups) <= COUNTERS
+    return row_tiles * max(-(-widest // t.block_n), heads) <= COUNTERS
 
 
 def persistent_layers(x: torch.Tensor, stack: LayerStack, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
@@ -170,12 +168,15 @@ def programs(kernel, args: tuple, kwargs: dict, device: torch.device, tasks: int
     Grid.per_sm each) and the widest stage has tasks; one in the interpreter."""
     if INTERPRETED:
         return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if GRID.per_sm == 1:  # a program a multiprocessor always fits: no need to ask the compiled kernel
+        return max(1, min(tasks, sms))
     compiled = kernel.warmup(*args, grid=(1,), **kwargs)  # the binary these arguments launch (compiled once)
     if id(compiled) not in _RESIDENT:
         _RESIDENT[id(compiled)] = (compiled, resident(compiled, device))  # the kernel kept: its id stays its own
     held = _RESIDENT[id(compiled)][1]
     per_sm = min(held, GRID.per_sm) if GRID.per_sm else held
-    return max(1, min(tasks, per_sm * torch.cuda.get_device_properties(device).multi_processor_count))
+    return max(1, min(tasks, per_sm * sms))
 
 
 _RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
@@ -215,7 +216,7 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
     group = num_heads // nkv
     sharing = attend_kernels.rows_sharing(group)
     row_tiles = triton.cdiv(R, t.block_m)
-    tasks = max(row_tiles * (num_heads + 2 * nkv) * split * qkv_splits, B * nkv * M * attn_splits,
+    tasks = max(row_tiles * (num_heads + 2 * nkv) * split * qkv_splits, B * nkv * M * attn_splits, R * num_heads,
                 row_tiles * triton.cdiv(H, cols(H)) * max(o_splits, down_splits),
                 row_tiles * triton.cdiv(I, cols(I)) * gu_splits)  # the widest stage's
     args = (x, out, mid, q, heads, act, partial, attn_partial, attn_stats, counters, barrier,
@@ -230,8 +231,8 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
         O_SPLITS=o_splits, GU_SPLITS=gu_splits, DOWN_SPLITS=down_splits, O_BN=cols(H), GU_BN=cols(I),
         BLOCK_M=t.block_m, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32, GROUP=group, HD=hd,
         A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
-        ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing), NORM_K=H * t.unroll_norm,
-        num_warps=t.num_warps, num_stages=t.num_stages)
+        ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
+        NORM_K=H * t.unroll_norm, num_warps=t.num_warps, num_stages=t.num_stages)
     kernel[(programs(kernel, args, kwargs, x.device, tasks),)](*args, **kwargs)
     return out
 
@@ -248,29 +249,6 @@ if HAVE_TRITON:
         while seen < count:
             seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
-
-    @triton.jit
-    def _combine_group(bk, lead, done_ptr, partial_ptr, stats_ptr, out_ptr, M, NKV, splits, GROUP: tl.constexpr,
-                       HD: tl.constexpr, ROWS: tl.constexpr):
-        """Called by every attention task of KV head `bk` (with its batch) whose query row is one of the
-        ROWS rows from `lead` on, once it has stored its sums: the last of them (ROWS x splits, or
-        fewer rows at the end) weighs each row's and head's splits together (the fused path's
-        combine, one launch fewer and one barrier fewer a layer). A group's rows share the splits
-        they all see whole (demo.kernels.attend.rows_sharing): their sums come from the group's first
-        row's tasks, so the group, not the row, is what must be complete."""
-        members = tl.minimum(ROWS, M - lead)
-        tl.debug_barrier()  # every thread's stores before the count
-        count = bk * tl.cdiv(M, ROWS) + lead // ROWS
-        last = tl.atomic_add(done_ptr + count, 1, sem="acq_rel", scope="gpu") == members * splits - 1
-        if last:
-            tl.atomic_xchg(done_ptr + count, 0, sem="relaxed", scope="gpu")
-        tl.debug_barrier()  # the count read before any thread reads the others' sums
-        if last:
-            b = bk // NKV
-            kv = bk % NKV
-            for m in range(lead, lead + members):
-                for h in range(kv * GROUP, kv * GROUP + GROUP):
-                    _combine_row((b * M + m) * NKV * GROUP + h, partial_ptr, stats_ptr, out_ptr, splits, HD)
 
     @triton.jit
     def _layers(x_ptr, out_ptr, mid_ptr, q_ptr, heads_ptr, act_ptr, partial_ptr, attn_partial_ptr, attn_stats_ptr,
@@ -315,17 +293,19 @@ if HAVE_TRITON:
             # attention: (batch and KV head, query row, slot split), into heads_ptr [B, q, nh, hd]
             for t in range(pid, B * NKV * M * attn_splits, G):
                 row = t // attn_splits
-                bk = row // M
-                part = row % M
-                _attend_tile(bk, part, t % attn_splits, attn_splits, q_ptr, k_layer, v_layer, mask_ptr, heads_ptr,
-                             attn_partial_ptr, attn_stats_ptr, M, S, NKV, qk_scale, M * NHD, HD, NHD, k_sb, k_sh,
-                             k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm, GROUP, HD, A_BLOCK_M, A_BLOCK_N, A_SPLIT,
-                             ONE_SPLIT, True, IEEE, ROWS, ROWS_P2)
-                if not ONE_SPLIT:  # the last of a row group's programs weighs the slot splits together
-                    _combine_group(bk, part - part % ROWS, done_ptr, attn_partial_ptr, attn_stats_ptr, heads_ptr,
-                                   M, NKV, attn_splits, GROUP, HD, ROWS)
+                _attend_tile(row // M, row % M, t % attn_splits, attn_splits, q_ptr, k_layer, v_layer, mask_ptr,
+                             heads_ptr, attn_partial_ptr, attn_stats_ptr, M, S, NKV, qk_scale, M * NHD, HD, NHD,
+                             k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm, GROUP, HD, A_BLOCK_M, A_BLOCK_N,
+                             A_SPLIT, ONE_SPLIT, True, IEEE, ROWS, ROWS_P2)
             waits += 1
             _wait_all(bar_ptr, waits * G)
+            if not ONE_SPLIT:  # the slot splits weighed together, a task a row and head, as the fused
+                # path's second launch does (the last task of a row group weighing its rows instead was slower
+                # from 8 rows on: one program took up to 15 rows and heads in turn)
+                for t in range(pid, B * M * NH, G):
+                    _combine_row(t, attn_partial_ptr, attn_stats_ptr, heads_ptr, attn_splits, HD)
+                waits += 1
+                _wait_all(bar_ptr, waits * G)
             # o_proj + residual: mid = src + heads @ Wo^T
             for t in range(pid, row_tiles * o_cols * O_SPLITS, G):
                 tile = t // O_SPLITS
