@@ -13,8 +13,8 @@ pytest.importorskip("triton")
 def check_logits_equal_the_fused_paths() -> None:
     """Logits, the residual streams EAGLE-3 reads and the cache's K/V are the fused path's, bit for
     bit: target-only's 1 row, a chain's 5, a tree's 9 (its mask in slot order), over one slot split
-    (128 slots) and over two (256: a row group's last task weighs them together); Llama, and Qwen2
-    (q/k/v biases).
+    (128 slots) and over two (256: their combination a stage of its own); Llama, and Qwen2 (q/k/v
+    biases).
     The barrier's count and the split counters are zero after every launch."""
     from demo.target import Target
     from demo.tree import tree_attention_mask
