@@ -129,3 +129,37 @@ def test_on_a_cpu_the_persistent_choice_runs_the_pytorch_layers():
             outs.append(target.forward(torch.tensor([[5, 6, 7]]), torch.arange(3).view(1, -1)).logits)
     assert persistent.layer_stack() is None and persistent._stack is None
     assert torch.equal(outs[0], outs[1])
+
+
+def test_the_persistent_grid_never_holds_more_programs_than_the_multiprocessors_hold_at_once(monkeypatch):
+    """Programs wait for each other at every barrier, so a grid larger than what the multiprocessors
+    hold together would never finish: the grid counts each one's registers (8 a thread at a time),
+    threads and shared memory (with the driver's 1 KB a program), takes one a multiprocessor by
+    default, and never more programs than the widest stage has tasks."""
+    from types import SimpleNamespace
+
+    from demo.kernels import persistent
+
+    props = SimpleNamespace(multi_processor_count=132, regs_per_multiprocessor=65536,
+                            max_threads_per_multi_processor=2048, shared_memory_per_multiprocessor=233472)
+    monkeypatch.setattr(persistent, "INTERPRETED", False)
+    monkeypatch.setattr(persistent.torch.cuda, "get_device_properties", lambda device: props)
+
+    def compiled(regs, warps, shared):
+        return SimpleNamespace(n_regs=regs, metadata=SimpleNamespace(num_warps=warps, shared=shared),
+                               _init_handles=lambda: None)
+
+    assert persistent.resident(compiled(128, 4, 0), "cuda") == 4  # 65,536 registers / (128 x 128 threads)
+    assert persistent.resident(compiled(102, 4, 0), "cuda") == 4  # 102 a thread are allocated as 104
+    assert persistent.resident(compiled(32, 4, 46000), "cuda") == 4  # 228 KB / (46,000 + 1,024 bytes)
+    assert persistent.resident(compiled(32, 8, 0), "cuda") == 8  # threads: 2,048 / 256
+    assert persistent.resident(compiled(255, 8, 200 * 1024), "cuda") == 1  # at least the one that launches
+
+    kernel = SimpleNamespace(warmup=lambda *args, grid, **kwargs: kernel.compiled)
+    kernel.compiled = compiled(128, 4, 0)  # 4 a multiprocessor
+    for per_sm, tasks, grid in ((1, 10_000, 132), (1, 96, 96), (0, 10_000, 528), (2, 10_000, 264),
+                                (8, 10_000, 528), (0, 300, 300)):
+        monkeypatch.setattr(persistent, "GRID", persistent.Grid(per_sm))
+        assert persistent.programs(kernel, (), {}, "cuda", tasks) == grid, (per_sm, tasks)
+    monkeypatch.setattr(persistent, "INTERPRETED", True)
+    assert persistent.programs(kernel, (), {}, "cuda", 10_000) == 1  # the interpreter never waits
