@@ -92,21 +92,17 @@ class StackedLinear:
             self.weight, self.bias = linears[0].weight, linears[0].bias
             return
         with torch.inference_mode(False), torch.no_grad():
-            self.weight = torch.cat([m.weight for m in linears])  # [sum(out), in]
+            weight = torch.cat([m.weight for m in linears])  # [sum(out), in]
+            bias = None
             if any(m.bias is not None for m in linears):
-                self.bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
-                                       for m in linears])  # [sum(out)]
-            for m, w in zip(linears, self.weight.split(self.sizes)):
-                m.weight.data = w
-            if self.bias is not None:
-                for m, b in zip(linears, self.bias.split(self.sizes)):
-                    if m.bias is not None:
-                        m.bias.data = b
+                bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
+                                  for m in linears])  # [sum(out)]
+        self.rehome(weight, bias)
 
     def rehome(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         """Read this stack from `weight` ([sum(out), in], holding its values) and `bias` from now on:
-        each module's parameters become views of them (demo.kernels.persistent stacks every layer's
-        stack into one tensor)."""
+        each module's parameters become views of them (made here, and by demo.kernels.persistent,
+        which stacks every layer's stack into one tensor)."""
         self.weight, self.bias = weight, bias
         self._packed, self._packed_from = None, None
         with torch.inference_mode(False), torch.no_grad():

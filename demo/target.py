@@ -173,13 +173,15 @@ class Target:
         (the persistent kernels' too: a forward they do not take, a prefill, runs the fused ones)."""
         return self.kernels in ("fused", "persistent") and fused_runs(x, self.act)
 
-    def _layer_parts(self) -> list[dict]:
-        """Each layer's weights as demo.kernels.persistent.stack_layers takes them."""
-        return [dict(norm1=layer.input_layernorm, qkv=stacked(layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                              layer.self_attn.v_proj),
-                     o=layer.self_attn.o_proj, norm2=layer.post_attention_layernorm,
-                     gate_up=stacked(layer.mlp.gate_proj, layer.mlp.up_proj), down=layer.mlp.down_proj)
-                for layer in self.layers]
+    def _layer_parts(self, ids=None) -> dict[int, dict]:
+        """Layer id -> its weights as demo.kernels.persistent.stack_layers takes them (`ids`: those
+        layers only; None: every layer)."""
+        ids = range(len(self.layers)) if ids is None else ids
+        return {i: dict(norm1=layer.input_layernorm, qkv=stacked(layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                                 layer.self_attn.v_proj),
+                        o=layer.self_attn.o_proj, norm2=layer.post_attention_layernorm,
+                        gate_up=stacked(layer.mlp.gate_proj, layer.mlp.up_proj), down=layer.mlp.down_proj)
+                for i in ids for layer in (self.layers[i],)}
 
     def layer_stack(self) -> LayerStack | None:
         """The layers' weights stacked for the persistent launch (demo.kernels.persistent), made on first
@@ -189,15 +191,17 @@ class Target:
         x = self.embed.weight[:1].unsqueeze(0)  # [1, 1, H]: the activations' device and dtype
         if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
             return self._stack
+        if self._stack is not None and self._fuses(x) and stack_current(
+                self._stack, self._layer_parts({0, len(self.layers) - 1})):
+            return self._stack  # an eager step's check: two layers, not every layer's eligibility again
         c = self.config
         if not (self._fuses(x) and all(self._fuse_layer(layer) for layer in self.layers)
                 and rope_fits(c.head_dim, getattr(self.layers[0].self_attn, "q_norm", None))):
             return None
-        parts = self._layer_parts()
+        parts = list(self._layer_parts().values())
         if len({(p["norm1"].variance_epsilon, p["norm2"].variance_epsilon) for p in parts}) != 1:
             return None
-        if self._stack is None or not stack_current(self._stack, parts):
-            self._stack = stack_layers(parts)
+        self._stack = stack_layers(parts)
         return self._stack
 
     @staticmethod

@@ -48,7 +48,7 @@ if HAVE_TRITON:
     from demo.kernels.attend import _attend_tile, _combine_row
     from demo.kernels.fused import _linear_tile, _qkv_rope_tile
 
-COUNTERS = 8192  # split counters: enough tiles for a projection of 256 rows and 8,192 output columns
+COUNTERS = 8192  # split counters: enough tiles for 256 rows (16 row tiles) of a projection 16,384 columns wide
 
 
 @dataclass
@@ -108,11 +108,11 @@ def stack_layers(layers: list[dict]) -> LayerStack:
     return stack
 
 
-def stack_current(stack: LayerStack, layers: list[dict]) -> bool:
-    """Whether every layer still reads its weights from `stack` (a ``.to()`` or a replaced ``.data``
-    gives a module new storage): the first and the last layer's tensors are checked."""
-    for i in {0, len(layers) - 1}:
-        p = layers[i]
+def stack_current(stack: LayerStack, layers: dict[int, dict]) -> bool:
+    """Whether the layers still read their weights from `stack` (a ``.to()`` or a replaced ``.data``
+    gives a module new storage). `layers`: layer id -> its parts as stack_layers takes them, for the
+    layers to check (the first and the last say whether the model's weights moved)."""
+    for i, p in layers.items():
         pairs = ((p["norm1"].weight, stack.norm1[i]), (p["norm2"].weight, stack.norm2[i]), (p["o"].weight, stack.o[i]),
                  (p["down"].weight, stack.down[i]), (p["qkv"].weight, stack.qkv[i]),
                  (p["gate_up"].weight, stack.gate_up[i]))
@@ -189,7 +189,7 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
     R, H = x.shape
     L, NQKV, _ = qkv.shape
     I = gate_up.shape[1] // 2
-    _, B, nkv, S, hd = k_cache.shape
+    _, B, nkv, _, hd = k_cache.shape
     S = mask.shape[-1]  # the slots attended over (k_cache may hold more)
     M = rows_per_batch
     t = fused.TILES

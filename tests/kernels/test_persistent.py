@@ -100,18 +100,20 @@ def test_stacking_the_layers_keeps_every_weight_and_restacks_a_replaced_one():
     before = {k: v.clone() for k, v in hf.state_dict().items()}
     target = Target(hf)
     parts = target._layer_parts()
-    stack = stack_layers(parts)
+    stack = stack_layers(list(parts.values()))
     after = hf.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     layer = hf.model.layers[1]
     assert layer.mlp.down_proj.weight.data_ptr() == stack.down[1].data_ptr()
     assert layer.self_attn.k_proj.weight.data_ptr() == stack.qkv[1].data_ptr() + \
         layer.self_attn.q_proj.weight.numel() * stack.qkv.element_size()
-    assert layer.self_attn.v_proj.bias.data_ptr() > stack.qkv_bias[1].data_ptr()
+    att = layer.self_attn
+    assert att.v_proj.bias.data_ptr() == stack.qkv_bias[1].data_ptr() + \
+        (att.q_proj.out_features + att.k_proj.out_features) * stack.qkv_bias.element_size()
     assert stack_current(stack, parts)
     hf.model.layers[-1].mlp.down_proj.weight.data = hf.model.layers[-1].mlp.down_proj.weight.clone() * 2
     assert not stack_current(stack, parts)
-    again = stack_layers(target._layer_parts())
+    again = stack_layers(list(target._layer_parts().values()))
     assert torch.equal(again.down[-1], 2 * before["model.layers.2.mlp.down_proj.weight"])
 
 
