@@ -3,7 +3,7 @@
     python -m demo.perf forward --shape smollm2-135m --widths 1,8,64,97 --kernels torch,fused
     python -m demo.perf forward --shape llama-3.1-8b --widths 8 --floor
     python -m demo.perf forward --widths 8,97 --kernels fused --tiles default,block_m=64,steps=3
-    python -m demo.perf forward --widths 1,8,64 --kernels fused,persistent --per-sm 1,0
+    python -m demo.perf forward --widths 1,8,64 --kernels fused,persistent --grid default,per_sm=0,prefetch=0
 
 For each kernels choice (``demo.kernels.runtime.KERNELS``) and width: the kernels one forward launches and their
 summed time, and the time of the forward itself (on a GPU the replay of the forward captured
@@ -15,8 +15,8 @@ must share for bf16 speculation to be exact. ``--floor``: the weights' bytes ove
 bandwidth, measured in the same run (what reading the weights once costs), and each time over it.
 ``--tiles``: the fused kernels' tiles to compare (``demo.kernels.fused.Tiles``), one row each.
 ``--tiles`` apply to the persistent launch too, whose tasks are the fused kernels' programs;
-``--per-sm``: the persistent launch's programs a multiprocessor to compare
-(``demo.kernels.persistent.Grid``; 0: as many as it holds), one row each.
+``--grid``: the persistent launch's grids to compare (``demo.kernels.persistent.Grid``: programs a
+multiprocessor, 0 as many as it holds; whether it prefetches each next layer), one row each.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ForwardConfig:
     widths: tuple[int, ...] = (1, 8, 64, 97)
     kernels: tuple[str, ...] = ("torch",)
     tiles: tuple[str, ...] = ()  # the fused kernels' grids (demo.kernels.fused.Tiles), each its own rows; () the default
-    per_sm: tuple[int, ...] = ()  # the persistent launch's programs a multiprocessor (Grid), each its own rows
+    grids: tuple[str, ...] = ()  # the persistent launch's grids (demo.kernels.persistent.Grid), each its own rows
     compile: bool = False  # also each width compiled (GPU)
     floor: bool = False
     context: int = 200  # tokens in the cache before the forward
@@ -132,8 +132,8 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
             for kernels, tiles, grid in variants(config):
                 target.kernels = kernels
                 label = f"{kernels} {tiles}" if tiles else kernels
-                label += f" {grid or 'all'}/SM" if grid is not None else ""
-                with tiles_of(parse_tiles(tiles) if tiles else None), grid_of(grid):
+                label += f" grid {grid}" if grid else ""
+                with tiles_of(parse_tiles(tiles) if tiles else None), grid_of(parse_grid(grid) if grid else None):
                     for W in config.widths:
                         tokens = torch.randint(0, vocab, (1, W), device=config.device)
                         positions = torch.arange(P, P + W, device=config.device).view(1, -1)
@@ -159,19 +159,34 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
     return rows
 
 
-def parse_tiles(text: str):
-    """'default', or the fields that differ from it: 'block_m=64:steps=3' -> demo.kernels.fused.Tiles."""
-    from demo.kernels.fused import MIN_PART, Tiles
-
-    names = [f.name for f in fields(Tiles)]
+def _fields_of(cls, what: str, text: str):
+    """'default', or the fields that differ from it, 'a=1:b=2' -> cls(a=1, b=2) (whole numbers)."""
+    names = [f.name for f in fields(cls)]
     values = {}
     for item in text.split(":") if text != "default" else ():
         key, _, value = item.partition("=")
         if key not in names or not value.isdigit():
-            raise ValueError(f"tiles are 'default' or FIELD=N[:FIELD=N...], FIELD one of {', '.join(names)}, "
+            raise ValueError(f"{what} are 'default' or FIELD=N[:FIELD=N...], FIELD one of {', '.join(names)}, "
                              f"not {text!r}")
         values[key] = int(value)
-    t = Tiles(**values)
+    return cls(**values)
+
+
+def parse_grid(text: str):
+    """'default', or the fields that differ from it: 'per_sm=0:prefetch=0' -> demo.kernels.persistent.Grid."""
+    from demo.kernels.persistent import Grid
+
+    g = _fields_of(Grid, "grids", text)
+    if g.prefetch not in (0, 1):
+        raise ValueError(f"prefetch is 0 or 1, not {text!r}")
+    return g
+
+
+def parse_tiles(text: str):
+    """'default', or the fields that differ from it: 'block_m=64:steps=3' -> demo.kernels.fused.Tiles."""
+    from demo.kernels.fused import MIN_PART, Tiles
+
+    t = _fields_of(Tiles, "tiles", text)
     powers = (t.block_m, t.block_n, t.head_split, t.block_k, t.wide_block_n)
     if min(t.block_m, t.block_n, t.block_k, t.wide_block_n) < MIN_PART or any(v < 1 or v & (v - 1) for v in powers) \
             or t.num_warps not in (1, 2, 4, 8) or not 1 <= t.num_stages <= 6 or t.unroll_norm not in (0, 1):
@@ -195,13 +210,12 @@ def tiles_of(tiles):
 
 
 @contextmanager
-def grid_of(per_sm: int | None):
-    """Every persistent launch inside runs at most `per_sm` programs a multiprocessor (None: the
-    default's grid)."""
+def grid_of(grid):
+    """Every persistent launch inside runs `grid` (a demo.kernels.persistent.Grid; None: the default's)."""
     from demo.kernels import persistent
 
     saved = persistent.GRID
-    persistent.GRID = saved if per_sm is None else persistent.Grid(per_sm)
+    persistent.GRID = grid or saved
     try:
         yield
     finally:
@@ -209,11 +223,11 @@ def grid_of(per_sm: int | None):
 
 
 def variants(config: ForwardConfig) -> list[tuple[str, str | None, int | None]]:
-    """(kernels, tiles or None, programs a multiprocessor or None) per measured choice: the fused
-    kernels and the persistent launch once per --tiles entry, the persistent once per --per-sm entry."""
+    """(kernels, tiles or None, grid or None) per measured choice: the fused kernels and the persistent
+    launch once per --tiles entry, the persistent once per --grid entry."""
     return [(k, t, g) for k in config.kernels
             for t in (config.tiles if k != "torch" and config.tiles else (None,))
-            for g in (config.per_sm if k == "persistent" and config.per_sm else (None,))]
+            for g in (config.grids if k == "persistent" and config.grids else (None,))]
 
 
 def _wall_ms(fn) -> float:
@@ -251,8 +265,8 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     p.add_argument("--kernels", default="torch", help=f"comma-separated, of {', '.join(KERNELS)}")
     p.add_argument("--tiles", default="", help="the fused kernels' tiles to compare, comma-separated "
                                                   "'default' or FIELD=N[:FIELD=N] of demo.kernels.fused.Tiles")
-    p.add_argument("--per-sm", default="", help="the persistent launch's programs a multiprocessor to compare, "
-                                                 "comma-separated (0: as many as it holds)")
+    p.add_argument("--grid", default="", help="the persistent launch's grids to compare, comma-separated "
+                                                 "'default' or FIELD=N[:FIELD=N] of demo.kernels.persistent.Grid")
     p.add_argument("--compile", action="store_true", help="each width compiled too (GPU)")
     p.add_argument("--floor", action="store_true", help="the weights' bytes over the copy bandwidth (GPU)")
     p.add_argument("--context", type=int, default=ForwardConfig.context)
@@ -267,20 +281,20 @@ def parse_args(argv: list[str]) -> ForwardConfig:
     if not kernels or any(k not in KERNELS for k in kernels):
         p.error(f"--kernels takes {', '.join(KERNELS)}, comma-separated, not {a.kernels!r}")
     tiles = tuple(t for t in a.tiles.split(",") if t)
+    grids = tuple(g for g in a.grid.split(",") if g)
     try:
         for t in tiles:
             parse_tiles(t)
+        for g in grids:
+            parse_grid(g)
     except ValueError as e:
         p.error(str(e))
-    if not all(g.isdigit() for g in a.per_sm.split(",") if g):
-        p.error(f"--per-sm takes whole numbers, comma-separated, not {a.per_sm!r}")
-    per_sm = tuple(int(g) for g in a.per_sm.split(",") if g)
     widths = tuple(int(w) for w in a.widths.split(",") if w)
     if not widths or min(widths) < 1:
         p.error(f"--widths takes positive integers, comma-separated, not {a.widths!r}")
     if a.context + max(widths) > a.attend:
         p.error("--attend must cover the context and the widest forward")
-    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, tiles=tiles, per_sm=per_sm,
+    return ForwardConfig(shape=a.shape, widths=widths, kernels=kernels, tiles=tiles, grids=grids,
                          compile=a.compile, floor=a.floor,
                          context=a.context, attend=a.attend, repeats=a.repeats, top=a.top, device=a.device,
                          dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))

@@ -51,13 +51,21 @@ if HAVE_TRITON:
 COUNTERS = 8192  # split counters: enough tiles for 256 rows (16 row tiles) of a projection 16,384 columns wide
 
 
-@dataclass
+@dataclass(frozen=True)
 class Grid:
-    """How many programs the persistent launch runs a multiprocessor: at most `per_sm` (0: as many
-    as it holds at once), never more than it holds; the interpreter always runs one program. One,
-    the default, was the quickest measured at 1 and 8 rows (docs/PERFORMANCE.md, "Current figures")."""
+    """How the persistent launch runs. `per_sm`: programs a multiprocessor, at most (0: as many as it
+    holds at once), never more than it holds; the interpreter always runs one program. One, the
+    default, was the quickest measured at 1 and 8 rows (docs/PERFORMANCE.md, "Current figures").
+    `prefetch` 1: as a layer starts, each program asks L2 for its share of the next layer's weights
+    (the first layer's as the launch starts), so that a stage's chain of dependent weight reads
+    waits on L2, not on memory; a layer of the default target is 7 MB of L2's 50. No value changes."""
 
     per_sm: int = 1
+    prefetch: int = 1
+
+    def __str__(self) -> str:
+        changed = [f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__ if getattr(self, k) != getattr(Grid(), k)]
+        return ":".join(changed) or "default"
 
 
 GRID = Grid()  # the grid every launch reads (the bench may set another)
@@ -179,7 +187,18 @@ def programs(kernel, args: tuple, kwargs: dict, device: torch.device, tasks: int
     return max(1, min(tasks, per_sm * sms))
 
 
-_RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
+def prefetching(*weights: torch.Tensor) -> bool:
+    """Whether the launch prefetches each next layer (Grid.prefetch): on a GPU, where four layers of
+    these stacked [L, ...] weights fit in its L2 (an 8B model's layer, 436 MB, would only push
+    the current one's out)."""
+    if not GRID.prefetch or INTERPRETED:
+        return False
+    layer = sum(w[0].numel() * w.element_size() for w in weights)
+    return 4 * layer <= torch.cuda.get_device_properties(weights[0].device).L2_cache_size
+
+
+_RESIDENT: dict[int, tuple] = {}
+_PF_BLOCK = 512  # cache lines a program asks L2 for at once  # id of a compiled kernel -> (it, programs a multiprocessor holds)
 
 
 def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, barrier, cos, sin, slots, k_cache,
@@ -232,7 +251,8 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
         BLOCK_M=t.block_m, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32, GROUP=group, HD=hd,
         A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
         ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
-        NORM_K=H * t.unroll_norm, num_warps=t.num_warps, num_stages=t.num_stages)
+        NORM_K=H * t.unroll_norm, PREFETCH=prefetching(qkv, o, gate_up, down), LINE=128 // x.element_size(),
+        PF_BLOCK=_PF_BLOCK, num_warps=t.num_warps, num_stages=t.num_stages)
     kernel[(programs(kernel, args, kwargs, x.device, tasks),)](*args, **kwargs)
     return out
 
@@ -251,6 +271,28 @@ if HAVE_TRITON:
         tl.debug_barrier()
 
     @triton.jit
+    def _prefetch(ptr, n, pid, G, LINE: tl.constexpr, PF_BLOCK: tl.constexpr):
+        """Ask L2 to fetch program pid's share (1/G, in whole 128-byte lines of LINE elements) of the
+        n elements at ptr; nothing waits for them."""
+        lines = tl.cdiv(n, LINE)
+        share = tl.cdiv(lines, G)
+        end = tl.minimum(pid * share + share, lines)
+        for j in range(pid * share, end, PF_BLOCK):
+            line = tl.minimum(j + tl.arange(0, PF_BLOCK), end - 1)  # past the end: the last line again
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                      [ptr + line.to(tl.int64) * LINE], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _prefetch_layer(layer, pid, G, qkv_ptr, o_ptr, gu_ptr, down_ptr, H, NQKV, NHD, I, LINE: tl.constexpr,
+                        PF_BLOCK: tl.constexpr):
+        """Program pid's share of one layer's projection weights into L2 (the norms' and bias's are a
+        few lines, read by every program)."""
+        _prefetch(qkv_ptr + layer * NQKV * H, NQKV * H, pid, G, LINE, PF_BLOCK)
+        _prefetch(o_ptr + layer * H * NHD, H * NHD, pid, G, LINE, PF_BLOCK)
+        _prefetch(gu_ptr + layer * 2 * I * H, 2 * I * H, pid, G, LINE, PF_BLOCK)
+        _prefetch(down_ptr + layer * H * I, H * I, pid, G, LINE, PF_BLOCK)
+
+    @triton.jit
     def _layers(x_ptr, out_ptr, mid_ptr, q_ptr, heads_ptr, act_ptr, partial_ptr, attn_partial_ptr, attn_stats_ptr,
                 done_ptr, bar_ptr, norm1_ptr, qkv_ptr, bias_ptr, o_ptr, norm2_ptr, gu_ptr, down_ptr,
                 cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, mask_ptr,
@@ -262,7 +304,8 @@ if HAVE_TRITON:
                 O_BN: tl.constexpr, GU_BN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                 IEEE: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, A_BLOCK_M: tl.constexpr,
                 A_BLOCK_N: tl.constexpr, A_SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ROWS: tl.constexpr,
-                ROWS_P2: tl.constexpr, NORM_K: tl.constexpr):
+                ROWS_P2: tl.constexpr, NORM_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
+                PF_BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         row_tiles = tl.cdiv(R, BLOCK_M)
@@ -271,8 +314,15 @@ if HAVE_TRITON:
         gu_cols = tl.cdiv(I, GU_BN)
         NHD = NH * HD
         waits = 0
+        if PREFETCH:
+            _prefetch_layer(tl.cast(0, tl.int64), pid, G, qkv_ptr, o_ptr, gu_ptr, down_ptr, H, NQKV, NHD, I, LINE,
+                            PF_BLOCK)
         for i in range(L):
             layer = tl.cast(i, tl.int64)  # an 8B model's stacked gate/up passes 2**31 elements by its 19th layer
+            if PREFETCH:
+                if i + 1 < L:
+                    _prefetch_layer(layer + 1, pid, G, qkv_ptr, o_ptr, gu_ptr, down_ptr, H, NQKV, NHD, I, LINE,
+                                    PF_BLOCK)
             if i == 0:
                 src = x_ptr
             else:

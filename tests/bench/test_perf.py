@@ -140,19 +140,23 @@ def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_a
 
 
 def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persistent_once_per_tiles_and_grid_and_refuses_a_malformed_one():
-    from demo.bench.perf_forward import parse_args, variants
+    from demo.bench.perf_forward import parse_args, parse_grid, variants
+    from demo.kernels.persistent import Grid
 
     config = parse_args(["--kernels", "torch,fused", "--tiles", "default,block_n=16:steps=3", "--device", "cpu"])
     assert variants(config) == [("torch", None, None), ("fused", "default", None),
                                 ("fused", "block_n=16:steps=3", None)]
     assert variants(parse_args(["--kernels", "fused", "--device", "cpu"])) == [("fused", None, None)]
-    config = parse_args(["--kernels", "fused,persistent", "--tiles", "default,steps=0", "--per-sm", "1,0",
+    config = parse_args(["--kernels", "fused,persistent", "--tiles", "default,steps=0", "--grid", "default,per_sm=0",
                          "--device", "cpu"])
-    assert variants(config) == [("fused", "default", None), ("fused", "steps=0", None), ("persistent", "default", 1),
-                                ("persistent", "default", 0), ("persistent", "steps=0", 1),
-                                ("persistent", "steps=0", 0)]
-    with pytest.raises(SystemExit):
-        parse_args(["--kernels", "persistent", "--per-sm", "-1", "--device", "cpu"])
+    assert variants(config) == [("fused", "default", None), ("fused", "steps=0", None),
+                                ("persistent", "default", "default"), ("persistent", "default", "per_sm=0"),
+                                ("persistent", "steps=0", "default"), ("persistent", "steps=0", "per_sm=0")]
+    assert parse_grid("per_sm=0:prefetch=0") == Grid(per_sm=0, prefetch=0) and parse_grid("default") == Grid()
+    assert str(Grid(per_sm=2)) == "per_sm=2" and str(Grid()) == "default"
+    for bad in ("per_sm=-1", "prefetch=2", "sm=1", "per_sm"):
+        with pytest.raises(SystemExit):
+            parse_args(["--kernels", "persistent", "--grid", bad, "--device", "cpu"])
     for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
                 "block_m", "rows=16", "wide_block_n=48", "wide_block_n=8", "unroll_norm=2"):
         with pytest.raises(SystemExit):
