@@ -16,7 +16,9 @@ bandwidth, measured in the same run (what reading the weights once costs), and e
 ``--tiles``: the fused kernels' tiles to compare (``demo.kernels.fused.Tiles``), one row each.
 ``--tiles`` apply to the persistent launch too, whose tasks are the fused kernels' programs;
 ``--grid``: the persistent launch's grids to compare (``demo.kernels.persistent.Grid``: programs a
-multiprocessor, 0 as many as it holds; whether it prefetches each next layer), one row each.
+multiprocessor, 0 as many as it holds; whether it prefetches each next layer; the widest forward it
+takes), one row each; ``trace=1`` also times each stage of one launch on the GPU's clock: the slowest
+program's work, the mean program's and the barrier, per stage kind.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class ForwardRow:
     ms: float  # the forward: graph replay (GPU) or wall time (CPU), median of repeats
     rows_alike: int | None = None  # of `width` rows, how many a 1-row forward gives bit for bit
     top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
+    stages: list = field(default_factory=list)  # StageCost per stage kind, where the grid traces (Grid.trace)
 
 
 def random_target(shape: str, device: str, dtype: torch.dtype, capacity: int):
@@ -152,7 +155,9 @@ def measure(config: ForwardConfig, target) -> list[ForwardRow]:
                                 ms = replay_ms(capture_alone(fn), config.repeats)
                             else:
                                 ms = statistics.median(_wall_ms(fn) for _ in range(max(3, config.repeats // 10)))
-                            rows.append(ForwardRow(label, W, how, launched, kernel_ms, ms, alike, top))
+                            rows.append(ForwardRow(label, W, how, launched, kernel_ms, ms, alike, top,
+                                                   traced_stages(forward, target) if grid and how == "graph"
+                                                   and parse_grid(grid).trace else []))
                             print(format_rows(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
         finally:
             target.kernels = chosen
@@ -177,8 +182,8 @@ def parse_grid(text: str):
     from demo.kernels.persistent import Grid
 
     g = _fields_of(Grid, "grids", text)
-    if g.prefetch not in (0, 1):
-        raise ValueError(f"prefetch is 0 or 1, not {text!r}")
+    if g.prefetch not in (0, 1) or g.trace not in (0, 1) or g.max_rows < 1:
+        raise ValueError(f"prefetch and trace are 0 or 1, max_rows at least 1; not {text!r}")
     return g
 
 
@@ -228,6 +233,59 @@ def variants(config: ForwardConfig) -> list[tuple[str, str | None, int | None]]:
     return [(k, t, g) for k in config.kernels
             for t in (config.tiles if k != "torch" and config.tiles else (None,))
             for g in (config.grids if k == "persistent" and config.grids else (None,))]
+
+
+@dataclass
+class StageCost:
+    """One kind of stage of a persistent launch (demo.kernels.persistent.stage_names), over a forward."""
+
+    name: str
+    count: int  # stages of this kind in the forward
+    span_us: float  # a stage's mean time, from the barrier before it opening to the one after it opening
+    slowest_us: float  # the slowest program's work in it (from leaving one barrier to arriving at the next)
+    mean_us: float  # a program's work, mean over programs
+    barrier_us: float  # from the last program's arrival to the first one's leaving
+
+
+def stage_profile(trace: torch.Tensor, names: list[str]) -> list[StageCost]:
+    """trace [G, N + 1, 2], nanoseconds (Grid.trace): each program's start (twice), then for each of
+    the N stages its arrival at the barrier after it and its leaving it (the last stage's both its end)
+    -> a StageCost per name, in the order names first appear."""
+    t = trace.double() / 1e3
+    arrive, leave = t[:, 1:, 0], t[:, :, 1]
+    work = arrive - leave[:, :-1]  # [G, N]
+    opened = leave.min(0).values  # [N + 1]: the earliest leaving, the first program's start for index 0
+    span = opened[1:] - opened[:-1]
+    barrier = opened[1:] - arrive.max(0).values
+    costs = []
+    for name in dict.fromkeys(names):
+        at = torch.tensor([i for i, n in enumerate(names) if n == name])
+        costs.append(StageCost(name, len(at), span[at].mean().item(), work[:, at].max(0).values.mean().item(),
+                               work[:, at].mean().item(), barrier[at].mean().item()))
+    return costs
+
+
+def format_stages(label: str, width: int, costs: list[StageCost]) -> str:
+    total = sum(c.count * c.span_us for c in costs) / 1e3
+    lines = [f"{label}, {width} rows: stages of one launch ({total:.3f} ms from the first program's start)",
+             "| stage | a forward | mean us | slowest program's work us | mean program's work us | barrier us | ms |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {c.name} | {c.count} | {c.span_us:.2f} | {c.slowest_us:.2f} | {c.mean_us:.2f} | {c.barrier_us:.2f} "
+              f"| {c.count * c.span_us / 1e3:.3f} |" for c in costs]
+    return "\n".join(lines)
+
+
+def traced_stages(forward, target) -> list[StageCost]:
+    """The stage profile of one eager call of `forward` (a persistent launch under a tracing grid)."""
+    from demo.kernels import persistent
+
+    persistent.TRACES.clear()
+    forward()
+    torch.cuda.synchronize()
+    if not persistent.TRACES:
+        return []  # the forward did not take the persistent launch (Grid.max_rows)
+    trace = persistent.TRACES.pop().cpu()
+    return stage_profile(trace, persistent.stage_names(len(target.layers), trace.shape[1] - 1))
 
 
 def _wall_ms(fn) -> float:
@@ -313,4 +371,5 @@ def main(argv: list[str]) -> str:
         head += f"; reading the weights once: {floor_ms:.3f} ms at the measured copy bandwidth"
     head += f"; {config.context} tokens in the cache, attending over {config.attend} slots"
     out = head + "\n\n" + format_rows(rows, floor_ms)
+    out += "".join("\n\n" + format_stages(r.kernels, r.width, r.stages) for r in rows if r.stages)
     return out + ("\n\n" + format_top(rows, config.top) if config.top else "")

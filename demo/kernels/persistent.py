@@ -58,10 +58,15 @@ class Grid:
     default, was the quickest measured at 1 and 8 rows (docs/PERFORMANCE.md, "Current figures").
     `prefetch` 1: as a layer starts, each program asks L2 for its share of the next layer's weights
     (the first layer's as the launch starts), so that a stage's chain of dependent weight reads
-    waits on L2, not on memory; a layer of the default target is 7 MB of L2's 50. No value changes."""
+    waits on L2, not on memory; a layer of the default target is 7 MB of L2's 50. No value changes.
+    `max_rows`: a forward of more rows runs the fused kernels, which were quicker at 64 tree rows
+    (their programs spread a wide stage over the whole GPU; here a program takes its tasks in turn).
+    `trace` 1 (the bench's): every program's clock at each stage's end and barrier, kept in TRACES."""
 
     per_sm: int = 1
     prefetch: int = 1
+    max_rows: int = 16
+    trace: int = 0
 
     def __str__(self) -> str:
         changed = [f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__ if getattr(self, k) != getattr(Grid(), k)]
@@ -131,10 +136,10 @@ def stack_current(stack: LayerStack, layers: dict[int, dict]) -> bool:
 
 
 def fits(stack: LayerStack, rows: int, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether a forward of `rows` query rows can take the persistent launch over `stack`: the
-    attention's rows in slot order (one query row's heads in one program), and the split counters
-    enough for every stage's tiles."""
-    if rows > attend_kernels.ORDERED_ROWS or num_heads // num_kv_heads > attend_kernels.BLOCK_M:
+    """Whether a forward of `rows` query rows takes the persistent launch over `stack`: at most
+    Grid.max_rows of them, the attention's rows in slot order (one query row's heads in one program),
+    and the split counters enough for every stage's tiles."""
+    if rows > min(GRID.max_rows, attend_kernels.ORDERED_ROWS) or num_heads // num_kv_heads > attend_kernels.BLOCK_M:
         return False
     t = fused.TILES
     row_tiles = -(-rows // t.block_m)
@@ -197,8 +202,18 @@ def prefetching(*weights: torch.Tensor) -> bool:
     return 4 * layer <= torch.cuda.get_device_properties(weights[0].device).L2_cache_size
 
 
-_RESIDENT: dict[int, tuple] = {}
-_PF_BLOCK = 512  # cache lines a program asks L2 for at once  # id of a compiled kernel -> (it, programs a multiprocessor holds)
+TRACES: list[torch.Tensor] = []  # Grid.trace's records, a launch's [G, stages + 1, 2] int64 each (stage_times)
+_RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
+_PF_BLOCK = 512  # cache lines a program asks L2 for at once
+
+
+def stage_names(layers: int, stages: int) -> list[str]:
+    """The name of each stage of a launch of `stages` over `layers` layers, in order (a combination
+    stage in each layer where the attention took several slot splits)."""
+    one = ["q/k/v", "attention", "o_proj", "gate/up", "down"]
+    if stages == 6 * layers:
+        one.insert(2, "combination")
+    return one * layers
 
 
 def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, barrier, cos, sin, slots, k_cache,
@@ -244,6 +259,9 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
             L, R, M, S, B, nkv, H, NQKV, I, qkv_chunk, o_chunk, gu_chunk, down_chunk, attn_splits,
             cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3), mask.stride(0), mask.stride(2))
+    stages = L * (5 if attn_splits == 1 else 6)  # the last layer's down has no barrier: an entry spare
+    trace = torch.empty(max(tasks, 1) if GRID.trace else 1, stages + 1, 2, dtype=torch.int64, device=x.device)
+    args += (trace,)
     kwargs = dict(
         eps1=eps1, eps2=eps2, qk_scale=math.log2(math.e) / math.sqrt(hd), NH=num_heads,
         BIAS=qkv_bias is not None, HALF=hd // 2, PART=hd // 2 // split, QKV_SPLITS=qkv_splits,
@@ -252,23 +270,38 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
         A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
         ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
         NORM_K=H * t.unroll_norm, PREFETCH=prefetching(qkv, o, gate_up, down), LINE=128 // x.element_size(),
-        PF_BLOCK=_PF_BLOCK, num_warps=t.num_warps, num_stages=t.num_stages)
-    kernel[(programs(kernel, args, kwargs, x.device, tasks),)](*args, **kwargs)
+        PF_BLOCK=_PF_BLOCK, TRACE=bool(GRID.trace) and not INTERPRETED, TRACE_N=stages + 1,
+        num_warps=t.num_warps, num_stages=t.num_stages)
+    G = programs(kernel, args, kwargs, x.device, tasks)
+    kernel[(G,)](*args, **kwargs)
+    if GRID.trace and not INTERPRETED:
+        TRACES.append(trace[:G])
     return out
 
 
 if HAVE_TRITON:
     @triton.jit
-    def _wait_all(bar_ptr, count):
+    def _clock():
+        """The GPU's global nanosecond timer (one clock for every multiprocessor)."""
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                         pack=1)
+
+    @triton.jit
+    def _wait_all(bar_ptr, count, trace_ptr, TRACE: tl.constexpr):
         """Arrive at the barrier and wait until `count` arrivals have been counted (the count grows
         through the launch: barrier j of G programs waits for j x G). Every thread's stores come
-        before the arrival; the acquiring read makes the others' visible after it."""
+        before the arrival; the acquiring read makes the others' visible after it. TRACE: the clock
+        at the arrival and at the leaving into trace_ptr[0:2]."""
         tl.debug_barrier()
+        if TRACE:
+            tl.store(trace_ptr, _clock())
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         while seen < count:
             seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
+        if TRACE:
+            tl.store(trace_ptr + 1, _clock())
 
     @triton.jit
     def _prefetch(ptr, n, pid, G, LINE: tl.constexpr, PF_BLOCK: tl.constexpr):
@@ -297,7 +330,7 @@ if HAVE_TRITON:
                 done_ptr, bar_ptr, norm1_ptr, qkv_ptr, bias_ptr, o_ptr, norm2_ptr, gu_ptr, down_ptr,
                 cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, mask_ptr,
                 L, R, M, S, B, NKV, H, NQKV, I, qkv_chunk, o_chunk, gu_chunk, down_chunk, attn_splits,
-                cos_stride, sin_stride, k_sl, k_sb, k_sh, k_ss, v_sl, v_sb, v_sh, v_ss, mask_sb, mask_sm,
+                cos_stride, sin_stride, k_sl, k_sb, k_sh, k_ss, v_sl, v_sb, v_sh, v_ss, mask_sb, mask_sm, trace_ptr,
                 eps1: tl.constexpr, eps2: tl.constexpr, qk_scale: tl.constexpr, NH: tl.constexpr,
                 BIAS: tl.constexpr, HALF: tl.constexpr, PART: tl.constexpr, QKV_SPLITS: tl.constexpr,
                 O_SPLITS: tl.constexpr, GU_SPLITS: tl.constexpr, DOWN_SPLITS: tl.constexpr,
@@ -305,7 +338,7 @@ if HAVE_TRITON:
                 IEEE: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, A_BLOCK_M: tl.constexpr,
                 A_BLOCK_N: tl.constexpr, A_SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ROWS: tl.constexpr,
                 ROWS_P2: tl.constexpr, NORM_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-                PF_BLOCK: tl.constexpr):
+                PF_BLOCK: tl.constexpr, TRACE: tl.constexpr, TRACE_N: tl.constexpr):
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         row_tiles = tl.cdiv(R, BLOCK_M)
@@ -314,6 +347,11 @@ if HAVE_TRITON:
         gu_cols = tl.cdiv(I, GU_BN)
         NHD = NH * HD
         waits = 0
+        trace_ptr += pid * TRACE_N * 2  # this program's [TRACE_N, 2]: its start, then each stage's end
+        if TRACE:
+            start = _clock()
+            tl.store(trace_ptr, start)
+            tl.store(trace_ptr + 1, start)
         if PREFETCH:
             _prefetch_layer(tl.cast(0, tl.int64), pid, G, qkv_ptr, o_ptr, gu_ptr, down_ptr, H, NQKV, NHD, I, LINE,
                             PF_BLOCK)
@@ -339,7 +377,7 @@ if HAVE_TRITON:
                                H, H, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                                BIAS, HALF, PART, QKV_SPLITS, BLOCK_M, BLOCK_K, IEEE, NORM_K)
             waits += 1
-            _wait_all(bar_ptr, waits * G)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # attention: (batch and KV head, query row, slot split), into heads_ptr [B, q, nh, hd]
             for t in range(pid, B * NKV * M * attn_splits, G):
                 row = t // attn_splits
@@ -348,14 +386,14 @@ if HAVE_TRITON:
                              k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm, GROUP, HD, A_BLOCK_M, A_BLOCK_N,
                              A_SPLIT, ONE_SPLIT, True, IEEE, ROWS, ROWS_P2)
             waits += 1
-            _wait_all(bar_ptr, waits * G)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             if not ONE_SPLIT:  # the slot splits weighed together, a task a row and head, as the fused
                 # path's second launch does (the last task of a row group weighing its rows instead was slower
                 # from 8 rows on: one program took up to 15 rows and heads in turn)
                 for t in range(pid, B * M * NH, G):
                     _combine_row(t, attn_partial_ptr, attn_stats_ptr, heads_ptr, attn_splits, HD)
                 waits += 1
-                _wait_all(bar_ptr, waits * G)
+                _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # o_proj + residual: mid = src + heads @ Wo^T
             for t in range(pid, row_tiles * o_cols * O_SPLITS, G):
                 tile = t // O_SPLITS
@@ -363,7 +401,7 @@ if HAVE_TRITON:
                              o_ptr + layer * H * NHD, o_ptr, src, mid_ptr, partial_ptr, done_ptr, R, NHD, H, o_chunk,
                              0.0, NHD, NHD, H, H, False, False, False, True, O_SPLITS, BLOCK_M, O_BN, BLOCK_K, IEEE, 0)
             waits += 1
-            _wait_all(bar_ptr, waits * G)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # norm + gate/up + SiLU-and-multiply: act = silu(gate(n)) * up(n), n = norm2(mid)
             for t in range(pid, row_tiles * gu_cols * GU_SPLITS, G):
                 tile = t // GU_SPLITS
@@ -372,7 +410,7 @@ if HAVE_TRITON:
                              gu_chunk, eps2, H, H, 0, I, True, False, True, False, GU_SPLITS, BLOCK_M, GU_BN,
                              BLOCK_K, IEEE, NORM_K)
             waits += 1
-            _wait_all(bar_ptr, waits * G)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # down + residual: dst = mid + act @ Wd^T
             for t in range(pid, row_tiles * o_cols * DOWN_SPLITS, G):
                 tile = t // DOWN_SPLITS
@@ -382,9 +420,13 @@ if HAVE_TRITON:
                              BLOCK_K, IEEE, 0)
             if i < L - 1:
                 waits += 1
-                _wait_all(bar_ptr, waits * G)
+                _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
         # the last arrival sets the count back to zero for the next launch: no program waits on it now
         tl.debug_barrier()
+        if TRACE:
+            end = _clock()
+            tl.store(trace_ptr + (waits + 1) * 2, end)
+            tl.store(trace_ptr + (waits + 1) * 2 + 1, end)
         if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == (waits + 1) * G - 1:
             tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
 

@@ -154,7 +154,8 @@ def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persis
                                 ("persistent", "steps=0", "default"), ("persistent", "steps=0", "per_sm=0")]
     assert parse_grid("per_sm=0:prefetch=0") == Grid(per_sm=0, prefetch=0) and parse_grid("default") == Grid()
     assert str(Grid(per_sm=2)) == "per_sm=2" and str(Grid()) == "default"
-    for bad in ("per_sm=-1", "prefetch=2", "sm=1", "per_sm"):
+    assert parse_grid("max_rows=64:trace=1") == Grid(max_rows=64, trace=1)
+    for bad in ("per_sm=-1", "prefetch=2", "sm=1", "per_sm", "max_rows=0", "trace=2"):
         with pytest.raises(SystemExit):
             parse_args(["--kernels", "persistent", "--grid", bad, "--device", "cpu"])
     for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
@@ -179,3 +180,24 @@ def test_the_phases_asked_for_list_every_launch_in_order_and_the_others_none():
     assert _launches_flag(["-k", "3", "--launches", "draft,verify"]) == (["-k", "3"], ("draft", "verify"))
     with pytest.raises(SystemExit, match="step phases"):
         _launches_flag(["--launches", "drafting"])
+
+
+def test_a_traced_launchs_stage_profile_splits_each_stage_into_the_slowest_programs_work_and_the_barrier():
+    """Two programs, three stages (ns): a stage spans from the first leaving of the barrier before it to
+    the first leaving of the one after it; its work per program from leaving to arriving; its barrier
+    from the last arrival to the first leaving."""
+    from demo.bench.perf_forward import format_stages, stage_profile
+
+    trace = torch.tensor([
+        [[0, 0], [3000, 5000], [7000, 9500], [12000, 12000]],  # program 0: start; (arrive, leave) per stage
+        [[1000, 1000], [4000, 5200], [8000, 9000], [11000, 11000]],
+    ])
+    costs = stage_profile(trace, ["a", "b", "a"])
+    a, b = costs
+    assert (a.name, a.count, b.name, b.count) == ("a", 2, "b", 1)
+    # stage 0: opened 0 -> 5000, work 3000 and 3000, barrier 5000 - 4000; stage 2: opened 9000 -> 11000,
+    # work 12000 - 9500 = 2500 and 11000 - 9000 = 2000, barrier 11000 - 12000 (the end: no barrier but a skew)
+    assert a.span_us == pytest.approx((5.0 + 2.0) / 2) and a.slowest_us == pytest.approx((3.0 + 2.5) / 2)
+    assert a.mean_us == pytest.approx((3.0 + 3.0 + 2.5 + 2.0) / 4) and a.barrier_us == pytest.approx((1.0 - 1.0) / 2)
+    assert b.span_us == pytest.approx(4.0) and b.slowest_us == pytest.approx(2.8) and b.barrier_us == pytest.approx(1.0)
+    assert "| a | 2 | 3.50 |" in format_stages("persistent", 8, costs)

@@ -20,9 +20,12 @@ pytestmark = pytest.mark.cuda
 
 
 @pytest.mark.parametrize("attend", [128, 512], ids=["one-slot-split", "four-slot-splits"])
-def test_the_persistent_launch_gives_the_fused_paths_bits_at_the_default_targets_shape(attend):
+def test_the_persistent_launch_gives_the_fused_paths_bits_at_the_default_targets_shape(attend, monkeypatch):
     from demo.bench.perf_forward import random_target
+    from demo.kernels import persistent
     from demo.tree import tree_attention_mask
+
+    monkeypatch.setattr(persistent, "GRID", persistent.Grid(max_rows=64))  # 64 rows too (the default: fused)
 
     target = random_target("smollm2-135m", "cuda", torch.bfloat16, 1024)
     context = 40 if attend == 128 else 300
@@ -73,7 +76,10 @@ def test_the_persistent_launch_gives_the_fused_paths_bits_at_the_default_targets
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(4, 16)], ids=["chain", "tree"])
-def test_bf16_speculation_through_the_persistent_launch_gives_one_row_target_onlys_tokens(tree):
+def test_bf16_speculation_through_the_persistent_launch_gives_one_row_target_onlys_tokens(tree, monkeypatch):
+    from demo.kernels import persistent
+
+    monkeypatch.setattr(persistent, "GRID", persistent.Grid(max_rows=64))  # the tree's verification too
     hf = tiny_hf("llama", vocab_size=2000, num_attention_heads=2, num_key_value_heads=1).to("cuda", torch.bfloat16)
     target = Target(hf, kernels="persistent")
     for seed in range(3):
@@ -88,3 +94,30 @@ def test_bf16_speculation_through_the_persistent_launch_gives_one_row_target_onl
                          max_new_tokens=96, stop_token_ids=())
     assert fused == ref
     assert target._stack is not None
+
+
+def test_a_traced_launch_keeps_the_bits_and_times_every_stage_in_order(monkeypatch):
+    """Grid.trace (the bench's stage profile): the same logits, and each program's clock rises through
+    its start, every stage's arrival and leaving, and its end."""
+    from demo.bench.perf_forward import random_target, stage_profile
+    from demo.kernels import persistent
+
+    target = random_target("smollm2-135m", "cuda", torch.bfloat16, 512)
+    tokens, positions = torch.randint(3, 49152, (1, 8)).cuda(), (200 + torch.arange(8, device="cuda")).view(1, -1)
+    with torch.inference_mode():
+        target.forward(torch.randint(3, 49152, (1, 200)).cuda(), torch.arange(200, device="cuda").view(1, -1), attend=512)
+        target.kernels = "persistent"
+        saved = target.cache.k.clone(), target.cache.v.clone()
+        plain = target.forward(tokens, positions, attend=512).logits.clone()
+        target.cache.k.copy_(saved[0])
+        target.cache.v.copy_(saved[1])
+        monkeypatch.setattr(persistent, "GRID", persistent.Grid(trace=1))
+        persistent.TRACES.clear()
+        traced = target.forward(tokens, positions, attend=512).logits
+    assert torch.equal(plain, traced)
+    trace = persistent.TRACES.pop().cpu()
+    assert trace.shape[1] == 30 * 6 + 1  # 512 slots: four slot splits, their combination a stage
+    times = trace.reshape(trace.shape[0], -1)
+    assert (times[:, 1:] >= times[:, :-1]).all()
+    costs = stage_profile(trace, persistent.stage_names(30, trace.shape[1] - 1))
+    assert [c.count for c in costs] == [30] * 6 and all(c.span_us > 0 for c in costs)

@@ -165,3 +165,34 @@ def test_the_persistent_grid_never_holds_more_programs_than_the_multiprocessors_
         assert persistent.programs(kernel, (), {}, "cuda", tasks) == grid, (per_sm, tasks)
     monkeypatch.setattr(persistent, "INTERPRETED", True)
     assert persistent.programs(kernel, (), {}, "cuda", 10_000) == 1  # the interpreter never waits
+
+
+def test_a_forward_wider_than_the_grids_rows_runs_the_fused_layers_and_prefetch_waits_for_room_in_l2(monkeypatch):
+    """The persistent launch takes at most Grid.max_rows rows (wider ones were quicker through the fused
+    kernels); it prefetches the next layer only on a GPU whose L2 holds four layers."""
+    from types import SimpleNamespace
+
+    from demo.kernels import persistent
+
+    stack = SimpleNamespace(gate_up=torch.empty(2, 256, 64), o=torch.empty(2, 64, 64), down=torch.empty(2, 64, 128))
+    assert persistent.fits(stack, 16, 2, 1, 32) and not persistent.fits(stack, 17, 2, 1, 32)
+    monkeypatch.setattr(persistent, "GRID", persistent.Grid(max_rows=64))
+    assert persistent.fits(stack, 64, 2, 1, 32) and not persistent.fits(stack, 65, 2, 1, 32)
+
+    layer = [torch.empty(3, 1 << 20, dtype=torch.bfloat16)]  # 2 MB a layer
+    monkeypatch.setattr(persistent, "INTERPRETED", False)
+    for l2, prefetch, wanted in ((50 << 20, 1, True), (6 << 20, 1, False), (50 << 20, 0, False)):
+        monkeypatch.setattr(persistent, "GRID", persistent.Grid(prefetch=prefetch))
+        monkeypatch.setattr(persistent.torch.cuda, "get_device_properties",
+                            lambda device, l2=l2: SimpleNamespace(L2_cache_size=l2))
+        assert persistent.prefetching(*layer) is wanted, (l2, prefetch)
+    monkeypatch.setattr(persistent, "INTERPRETED", True)
+    monkeypatch.setattr(persistent, "GRID", persistent.Grid())
+    assert not persistent.prefetching(*layer)  # the interpreter has no L2 to ask
+
+
+def test_a_launchs_stages_are_named_in_the_kernels_order():
+    from demo.kernels.persistent import stage_names
+
+    assert stage_names(2, 10) == ["q/k/v", "attention", "o_proj", "gate/up", "down"] * 2
+    assert stage_names(1, 6) == ["q/k/v", "attention", "combination", "o_proj", "gate/up", "down"]
