@@ -169,7 +169,8 @@ def test_the_persistent_grid_never_holds_more_programs_than_the_multiprocessors_
 
 def test_a_forward_wider_than_the_grids_rows_runs_the_fused_layers_and_prefetch_waits_for_room_in_l2(monkeypatch):
     """The persistent launch takes at most Grid.max_rows rows (wider ones were quicker through the fused
-    kernels); it prefetches the next layer only on a GPU whose L2 holds four layers."""
+    kernels); it prefetches the next layer only on a GPU whose L2 holds four layers, and its K/V only
+    where each head's slots lie in one run."""
     from types import SimpleNamespace
 
     from demo.kernels import persistent
@@ -180,15 +181,17 @@ def test_a_forward_wider_than_the_grids_rows_runs_the_fused_layers_and_prefetch_
     assert persistent.fits(stack, 64, 2, 1, 32) and not persistent.fits(stack, 65, 2, 1, 32)
 
     layer = [torch.empty(3, 1 << 20, dtype=torch.bfloat16)]  # 2 MB a layer
+    cache = torch.empty(3, 1, 2, 64, 32)  # [L, B, nkv, S, hd]
     monkeypatch.setattr(persistent, "INTERPRETED", False)
-    for l2, prefetch, wanted in ((50 << 20, 1, True), (6 << 20, 1, False), (50 << 20, 0, False)):
+    for l2, prefetch, k, wanted in ((50 << 20, 2, cache, 2), (50 << 20, 1, cache, 1), (6 << 20, 2, cache, 0),
+                                    (50 << 20, 0, cache, 0), (50 << 20, 2, cache.transpose(3, 4), 1)):
         monkeypatch.setattr(persistent, "GRID", persistent.Grid(prefetch=prefetch))
         monkeypatch.setattr(persistent.torch.cuda, "get_device_properties",
                             lambda device, l2=l2: SimpleNamespace(L2_cache_size=l2))
-        assert persistent.prefetching(*layer) is wanted, (l2, prefetch)
+        assert persistent.prefetching(k, cache, *layer) == wanted, (l2, prefetch, k.stride())
     monkeypatch.setattr(persistent, "INTERPRETED", True)
     monkeypatch.setattr(persistent, "GRID", persistent.Grid())
-    assert not persistent.prefetching(*layer)  # the interpreter has no L2 to ask
+    assert not persistent.prefetching(cache, cache, *layer)  # the interpreter has no L2 to ask
 
 
 def test_a_launchs_stages_are_named_in_the_kernels_order():
