@@ -16,8 +16,8 @@ bandwidth, measured in the same run (what reading the weights once costs), and e
 ``--tiles``: the fused kernels' tiles to compare (``demo.kernels.fused.Tiles``), one row each.
 ``--tiles`` apply to the persistent launch too, whose tasks are the fused kernels' programs;
 ``--grid``: the persistent launch's grids to compare (``demo.kernels.persistent.Grid``: programs a
-multiprocessor, 0 as many as it holds; what it prefetches of each next layer; how it polls its
-barrier; the widest forward it takes), one row each; ``trace=1`` also times each stage of one launch on the GPU's clock: the slowest
+multiprocessor, 0 as many as it holds; what it prefetches of each next layer; the widest
+forward it takes), one row each; ``trace=1`` also times each stage of one launch on the GPU's clock: the slowest
 program's work, the mean program's and the barrier, per stage kind.
 """
 
@@ -182,8 +182,8 @@ def parse_grid(text: str):
     from demo.kernels.persistent import Grid
 
     g = _fields_of(Grid, "grids", text)
-    if g.prefetch not in (0, 1, 2) or g.poll not in (0, 1) or g.trace not in (0, 1) or g.max_rows < 1:
-        raise ValueError(f"prefetch is 0, 1 or 2, poll and trace 0 or 1, max_rows at least 1; not {text!r}")
+    if g.prefetch not in (0, 1, 2) or g.trace not in (0, 1) or g.max_rows < 1:
+        raise ValueError(f"prefetch is 0, 1 or 2, trace 0 or 1, max_rows at least 1; not {text!r}")
     return g
 
 

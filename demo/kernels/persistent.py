@@ -59,16 +59,13 @@ class Grid:
     `prefetch` 1: as a layer starts, each program asks L2 for its share of the next layer's weights
     (the first layer's as the launch starts), so that a stage's chain of dependent weight reads
     waits on L2, not on memory; a layer of the default target is 7 MB of L2's 50; 2: the next
-    layer's attended K/V slots too. No value changes. `poll` 1: a program watches the barrier with
-    an acquiring load in every thread; 0: with an atomic read by one thread, shared through the
-    program's memory (a synchronisation a poll).
+    layer's attended K/V slots too. No value changes.
     `max_rows`: a forward of more rows runs the fused kernels, which were quicker at 64 tree rows
     (their programs spread a wide stage over the whole GPU; here a program takes its tasks in turn).
     `trace` 1 (the bench's): every program's clock at each stage's end and barrier, kept in TRACES."""
 
     per_sm: int = 1
     prefetch: int = 2
-    poll: int = 1
     max_rows: int = 16
     trace: int = 0
 
@@ -278,7 +275,7 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
         A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
         ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
         NORM_K=H * t.unroll_norm, PREFETCH=prefetching(k_cache, v_cache, qkv, o, gate_up, down), LINE=128 // x.element_size(),
-        PF_BLOCK=_PF_BLOCK, TRACE=bool(GRID.trace) and not INTERPRETED, TRACE_N=stages + 1, POLL=bool(GRID.poll) and not INTERPRETED,
+        PF_BLOCK=_PF_BLOCK, TRACE=bool(GRID.trace) and not INTERPRETED, TRACE_N=stages + 1,
         num_warps=t.num_warps, num_stages=t.num_stages)
     G = programs(kernel, args, kwargs, x.device, tasks)
     kernel[(G,)](*args, **kwargs)
@@ -295,13 +292,7 @@ if HAVE_TRITON:
                                          pack=1)
 
     @triton.jit
-    def _acquire(ptr):
-        """*ptr, read with acquire semantics at the GPU's scope by every thread (no atomic)."""
-        return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-
-    @triton.jit
-    def _wait_all(bar_ptr, count, trace_ptr, TRACE: tl.constexpr, POLL: tl.constexpr):
+    def _wait_all(bar_ptr, count, trace_ptr, TRACE: tl.constexpr):
         """Arrive at the barrier and wait until `count` arrivals have been counted (the count grows
         through the launch: barrier j of G programs waits for j x G). Every thread's stores come
         before the arrival; the acquiring read makes the others' visible after it. TRACE: the clock
@@ -310,14 +301,9 @@ if HAVE_TRITON:
         if TRACE:
             tl.store(trace_ptr, _clock())
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-        if POLL:
-            seen = _acquire(bar_ptr)
-            while seen < count:
-                seen = _acquire(bar_ptr)
-        else:
+        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        while seen < count:
             seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-            while seen < count:
-                seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
         if TRACE:
             tl.store(trace_ptr + 1, _clock())
@@ -364,7 +350,7 @@ if HAVE_TRITON:
                 IEEE: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr, A_BLOCK_M: tl.constexpr,
                 A_BLOCK_N: tl.constexpr, A_SPLIT: tl.constexpr, ONE_SPLIT: tl.constexpr, ROWS: tl.constexpr,
                 ROWS_P2: tl.constexpr, NORM_K: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
-                PF_BLOCK: tl.constexpr, TRACE: tl.constexpr, TRACE_N: tl.constexpr, POLL: tl.constexpr):
+                PF_BLOCK: tl.constexpr, TRACE: tl.constexpr, TRACE_N: tl.constexpr):
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         row_tiles = tl.cdiv(R, BLOCK_M)
@@ -404,7 +390,7 @@ if HAVE_TRITON:
                                H, H, cos_stride, sin_stride, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                                BIAS, HALF, PART, QKV_SPLITS, BLOCK_M, BLOCK_K, IEEE, NORM_K)
             waits += 1
-            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE, POLL)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # attention: (batch and KV head, query row, slot split), into heads_ptr [B, q, nh, hd]
             for t in range(pid, B * NKV * M * attn_splits, G):
                 row = t // attn_splits
@@ -413,14 +399,14 @@ if HAVE_TRITON:
                              k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, mask_sb, mask_sm, GROUP, HD, A_BLOCK_M, A_BLOCK_N,
                              A_SPLIT, ONE_SPLIT, True, IEEE, ROWS, ROWS_P2)
             waits += 1
-            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE, POLL)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             if not ONE_SPLIT:  # the slot splits weighed together, a task a row and head, as the fused
                 # path's second launch does (the last task of a row group weighing its rows instead was slower
                 # from 8 rows on: one program took up to 15 rows and heads in turn)
                 for t in range(pid, B * M * NH, G):
                     _combine_row(t, attn_partial_ptr, attn_stats_ptr, heads_ptr, attn_splits, HD)
                 waits += 1
-                _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE, POLL)
+                _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # o_proj + residual: mid = src + heads @ Wo^T
             for t in range(pid, row_tiles * o_cols * O_SPLITS, G):
                 tile = t // O_SPLITS
@@ -428,7 +414,7 @@ if HAVE_TRITON:
                              o_ptr + layer * H * NHD, o_ptr, src, mid_ptr, partial_ptr, done_ptr, R, NHD, H, o_chunk,
                              0.0, NHD, NHD, H, H, False, False, False, True, O_SPLITS, BLOCK_M, O_BN, BLOCK_K, IEEE, 0)
             waits += 1
-            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE, POLL)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # norm + gate/up + SiLU-and-multiply: act = silu(gate(n)) * up(n), n = norm2(mid)
             for t in range(pid, row_tiles * gu_cols * GU_SPLITS, G):
                 tile = t // GU_SPLITS
@@ -437,7 +423,7 @@ if HAVE_TRITON:
                              gu_chunk, eps2, H, H, 0, I, True, False, True, False, GU_SPLITS, BLOCK_M, GU_BN,
                              BLOCK_K, IEEE, NORM_K)
             waits += 1
-            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE, POLL)
+            _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
             # down + residual: dst = mid + act @ Wd^T
             for t in range(pid, row_tiles * o_cols * DOWN_SPLITS, G):
                 tile = t // DOWN_SPLITS
@@ -447,7 +433,7 @@ if HAVE_TRITON:
                              BLOCK_K, IEEE, 0)
             if i < L - 1:
                 waits += 1
-                _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE, POLL)
+                _wait_all(bar_ptr, waits * G, trace_ptr + waits * 2, TRACE)
         # the last arrival sets the count back to zero for the next launch: no program waits on it now
         tl.debug_barrier()
         if TRACE:

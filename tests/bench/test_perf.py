@@ -155,7 +155,7 @@ def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persis
     assert parse_grid("per_sm=0:prefetch=0") == Grid(per_sm=0, prefetch=0) and parse_grid("default") == Grid()
     assert str(Grid(per_sm=2)) == "per_sm=2" and str(Grid()) == "default"
     assert parse_grid("max_rows=64:trace=1") == Grid(max_rows=64, trace=1)
-    for bad in ("per_sm=-1", "prefetch=3", "poll=2", "sm=1", "per_sm", "max_rows=0", "trace=2"):
+    for bad in ("per_sm=-1", "prefetch=3", "poll=1", "sm=1", "per_sm", "max_rows=0", "trace=2"):
         with pytest.raises(SystemExit):
             parse_args(["--kernels", "persistent", "--grid", bad, "--device", "cpu"])
     for bad in ("32x1x4", "block_n=24", "head_split=3", "num_warps=3", "block_k=48", "num_stages=0", "steps=-1",
