@@ -55,11 +55,11 @@ COUNTERS = 8192  # split counters: enough tiles for 256 rows (16 row tiles) of a
 class Grid:
     """How the persistent launch runs. `per_sm`: programs a multiprocessor, at most (0: as many as it
     holds at once), never more than it holds; the interpreter always runs one program. One, the
-    default, was the quickest measured at 1 and 8 rows (docs/PERFORMANCE.md, "Current figures").
+    default: more measured within 2 % of it at 1 and 8 rows (docs/runs/2026-12-06-persistent-stages.md).
     `prefetch` 1: as a layer starts, each program asks L2 for its share of the next layer's weights
     (the first layer's as the launch starts), so that a stage's chain of dependent weight reads
-    waits on L2, not on memory; a layer of the default target is 7 MB of L2's 50; 2: the next
-    layer's attended K/V slots too. No value changes.
+    waits on L2, not on memory (a layer of the default target is 7 MB of L2's 50); 2: the next
+    layer's attended K/V slots too (4-6 % off a 1-row forward). No value changes.
     `max_rows`: a forward of more rows runs the fused kernels, which were quicker at 64 tree rows
     (their programs spread a wide stage over the whole GPU; here a program takes its tasks in turn).
     `trace` 1 (the bench's): every program's clock at each stage's end and barrier, kept in TRACES."""
@@ -70,7 +70,9 @@ class Grid:
     trace: int = 0
 
     def __str__(self) -> str:
-        changed = [f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__ if getattr(self, k) != getattr(Grid(), k)]
+        default = Grid()
+        changed = [f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__
+                   if getattr(self, k) != getattr(default, k)]
         return ":".join(changed) or "default"
 
 
@@ -207,7 +209,7 @@ def prefetching(k_cache: torch.Tensor, v_cache: torch.Tensor, *weights: torch.Te
     return GRID.prefetch if runs else 1
 
 
-TRACES: list[torch.Tensor] = []  # Grid.trace's records, a launch's [G, stages + 1, 2] int64 each (stage_times)
+TRACES: list[torch.Tensor] = []  # Grid.trace's records, [G, stages + 1, 2] int64 a launch (demo.bench.perf_forward)
 _RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
 _PF_BLOCK = 512  # cache lines a program asks L2 for at once
 
@@ -264,7 +266,7 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
             L, R, M, S, B, nkv, H, NQKV, I, qkv_chunk, o_chunk, gu_chunk, down_chunk, attn_splits,
             cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3), mask.stride(0), mask.stride(2))
-    stages = L * (5 if attn_splits == 1 else 6)  # the last layer's down has no barrier: an entry spare
+    stages = L * (5 if attn_splits == 1 else 6)  # a program's trace: its start, then each stage's end
     trace = torch.empty(max(tasks, 1) if GRID.trace else 1, stages + 1, 2, dtype=torch.int64, device=x.device)
     args += (trace,)
     kwargs = dict(
@@ -274,9 +276,9 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
         BLOCK_M=t.block_m, BLOCK_K=t.block_k, IEEE=x.dtype == torch.float32, GROUP=group, HD=hd,
         A_BLOCK_M=attend_kernels.BLOCK_M, A_BLOCK_N=attend_kernels.BLOCK_N, A_SPLIT=attend_kernels.SPLIT,
         ONE_SPLIT=attn_splits == 1, ROWS=sharing, ROWS_P2=triton.next_power_of_2(sharing),
-        NORM_K=H * t.unroll_norm, PREFETCH=prefetching(k_cache, v_cache, qkv, o, gate_up, down), LINE=128 // x.element_size(),
-        PF_BLOCK=_PF_BLOCK, TRACE=bool(GRID.trace) and not INTERPRETED, TRACE_N=stages + 1,
-        num_warps=t.num_warps, num_stages=t.num_stages)
+        NORM_K=H * t.unroll_norm, PREFETCH=prefetching(k_cache, v_cache, qkv, o, gate_up, down),
+        LINE=128 // x.element_size(), PF_BLOCK=_PF_BLOCK, TRACE=bool(GRID.trace) and not INTERPRETED,
+        TRACE_N=stages + 1, num_warps=t.num_warps, num_stages=t.num_stages)
     G = programs(kernel, args, kwargs, x.device, tasks)
     kernel[(G,)](*args, **kwargs)
     if GRID.trace and not INTERPRETED:

@@ -105,7 +105,8 @@ def test_a_traced_launch_keeps_the_bits_and_times_every_stage_in_order(monkeypat
     target = random_target("smollm2-135m", "cuda", torch.bfloat16, 512)
     tokens, positions = torch.randint(3, 49152, (1, 8)).cuda(), (200 + torch.arange(8, device="cuda")).view(1, -1)
     with torch.inference_mode():
-        target.forward(torch.randint(3, 49152, (1, 200)).cuda(), torch.arange(200, device="cuda").view(1, -1), attend=512)
+        prompt = torch.randint(3, 49152, (1, 200)).cuda()
+        target.forward(prompt, torch.arange(200, device="cuda").view(1, -1), attend=512)
         target.kernels = "persistent"
         saved = target.cache.k.clone(), target.cache.v.clone()
         plain = target.forward(tokens, positions, attend=512).logits.clone()
