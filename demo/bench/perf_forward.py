@@ -71,7 +71,7 @@ class ForwardRow:
     ms: float  # the forward: graph replay (GPU) or wall time (CPU), median of repeats
     rows_alike: int | None = None  # of `width` rows, how many a 1-row forward gives bit for bit
     top: list[tuple[str, int, float]] = field(default_factory=list)  # (kernel, count, ms), the costliest first
-    stages: list = field(default_factory=list)  # StageCost per stage kind, where the grid traces (Grid.trace)
+    stages: list["StageCost"] = field(default_factory=list)  # per stage kind, where the grid traces (Grid.trace)
 
 
 def random_target(shape: str, device: str, dtype: torch.dtype, capacity: int):
@@ -227,7 +227,7 @@ def grid_of(grid):
         persistent.GRID = saved
 
 
-def variants(config: ForwardConfig) -> list[tuple[str, str | None, int | None]]:
+def variants(config: ForwardConfig) -> list[tuple[str, str | None, str | None]]:
     """(kernels, tiles or None, grid or None) per measured choice: the fused kernels and the persistent
     launch once per --tiles entry, the persistent once per --grid entry."""
     return [(k, t, g) for k in config.kernels

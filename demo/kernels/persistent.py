@@ -58,8 +58,9 @@ class Grid:
     default: more measured within 2 % of it at 1 and 8 rows (docs/runs/2026-12-06-persistent-stages.md).
     `prefetch` 1: as a layer starts, each program asks L2 for its share of the next layer's weights
     (the first layer's as the launch starts), so that a stage's chain of dependent weight reads
-    waits on L2, not on memory (a layer of the default target is 7 MB of L2's 50); 2: the next
-    layer's attended K/V slots too (4-6 % off a 1-row forward). No value changes.
+    waits on L2, not on memory (a layer of the default target is 7 MB of L2's 50; 6 % off a 1-row
+    forward, 3 % off 8 rows on the H100); 2: the next layer's attended K/V slots too (the attention
+    stage 4.8 to 4.5 us). No value changes.
     `max_rows`: a forward of more rows runs the fused kernels, which were quicker at 64 tree rows
     (their programs spread a wide stage over the whole GPU; here a program takes its tasks in turn).
     `trace` 1 (the bench's): every program's clock at each stage's end and barrier, kept in TRACES."""

@@ -194,7 +194,7 @@ def test_a_forward_wider_than_the_grids_rows_runs_the_fused_layers_and_prefetch_
     assert not persistent.prefetching(cache, cache, *layer)  # the interpreter has no L2 to ask
 
 
-def test_a_launchs_stages_are_named_in_the_kernels_order():
+def test_a_launchs_stage_names_hold_a_combination_only_where_the_attention_splits_its_slots():
     from demo.kernels.persistent import stage_names
 
     assert stage_names(2, 10) == ["q/k/v", "attention", "o_proj", "gate/up", "down"] * 2
