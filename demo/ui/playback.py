@@ -90,12 +90,14 @@ def register(c: Controls, cache: ModelCache, replies: list) -> list:
         me = chat.next_playback()
         (reply, spec), (base_reply, base) = runs
         label = METHOD_LABELS[spec.method]
-        frames = race_frames(spec, base, race_scale(PACES[pace], base), TEXT_INTERVAL_S)
-        yield {c.race: render_race(label, reply, spec, base_reply, base, 0.0, (-1, -1), None)}
+        scale = race_scale(PACES[pace], spec, base)
+        frames = race_frames(spec, base, scale, TEXT_INTERVAL_S)
+        yield {c.race: render_race(label, reply, spec, base_reply, base, 0.0, (-1, -1), None, scale)}
         for frame in play(frames):
             if chat.playback != me:
                 return
-            yield {c.race: render_race(label, reply, spec, base_reply, base, frame.t, frame.steps, chat.comparison)}
+            yield {c.race: render_race(label, reply, spec, base_reply, base, frame.t, frame.steps, chat.comparison,
+                                       scale)}
 
     def step(chat, model, shown, move: int) -> dict:
         """One step back or on (from the whole reply: its last step): the text, the headline, the

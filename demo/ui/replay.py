@@ -10,7 +10,8 @@ say which step to show next and how long to wait before showing it; views.py dra
 - replay: one run, from its prefill (step 0) to its last step, every frame a step.
 - race: the speculative run and the target-only run of the same prompt on one clock of engine
   time, each lane moving at its own measured pace; slowed down so that a target-only step (one
-  target forward) lasts the pace when one is chosen.
+  target forward) lasts the pace when one is chosen, and in real time so that the race lasts at
+  least RACE_MIN_S (a GPU run of 256 tokens is over in a quarter of a second).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from demo.service.chat import ChatState, RunTrace, TokenPiece
 
 REAL_TIME = "real time"
 PACES = {REAL_TIME: None, "1 step / s": 1.0, "4 steps / s": 0.25}  # label -> seconds a step stays on screen
+RACE_MIN_S = 4.0  # a real-time race of shorter runs is slowed, all of it alike, to last this long
 
 
 def step_times(trace: RunTrace) -> list[float]:
@@ -129,10 +131,14 @@ def replay_frames(trace: RunTrace, pace: float | None, min_interval: float = 0.0
     return coalesce([Frame(step, delay) for step, delay in enumerate(delays)], min_interval)
 
 
-def race_scale(pace: float | None, baseline: RunTrace) -> float:
-    """Wall seconds per engine second: 1 in real time, else so that the baseline's mean step (one
-    target forward, the prefill counted as one) lasts `pace`."""
-    if pace is None or baseline.stats.elapsed_s <= 0:
+def race_scale(pace: float | None, speculative: RunTrace, baseline: RunTrace) -> float:
+    """Wall seconds per engine second, one factor for both lanes so that their ratio holds: with a
+    pace, so that the baseline's mean step (one target forward, the prefill counted as one) lasts
+    `pace`; in real time 1, or more where the race would be over in under RACE_MIN_S."""
+    if pace is None:
+        end = max(step_times(speculative)[-1], step_times(baseline)[-1])
+        return max(1.0, RACE_MIN_S / end) if end > 0 else 1.0
+    if baseline.stats.elapsed_s <= 0:
         return 1.0
     return pace / (baseline.stats.elapsed_s / (baseline.stats.num_steps + 1))
 

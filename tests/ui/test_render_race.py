@@ -32,7 +32,12 @@ def test_each_lane_shows_the_tokens_its_run_had_emitted_after_that_step():
     assert spec_lane.count("sl-tok") == 5 and "5 tokens · 1 target calls (+ the prefill)" in spec_lane
     assert base_lane.count("sl-tok") == 3 and "3 tokens · 2 target calls (+ the prefill)" in base_lane
     assert "finished" not in html and "sl-race-summary" not in html
-    assert "engine time 0.20 s" in html
+    assert "engine time 0.20 s" in html and "slower" not in html
+
+
+def test_a_slowed_race_says_so_on_its_clock():
+    html = render_race("EAGLE-3", SPEC_REPLY, SPEC, BASE_REPLY, BASE, 0.2, (1, 2), None, slowdown=11.6)
+    assert "engine time 0.20 s · shown 12× slower than it ran" in html
 
 
 def test_before_a_prefill_ends_its_lane_is_empty():

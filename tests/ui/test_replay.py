@@ -12,6 +12,7 @@ from demo.service.chat import RunTrace, StepPoint
 from demo.service.request import Request
 from demo.ui.replay import (
     PACES,
+    RACE_MIN_S,
     REAL_TIME,
     Frame,
     chat_at,
@@ -113,11 +114,21 @@ def test_the_race_puts_both_runs_on_one_clock_of_engine_time():
 def test_a_slowed_race_lasts_the_pace_per_target_only_step_and_keeps_the_ratio():
     spec = hand_trace([0.2, 0.3], [4, 4], [3, 3])
     base = hand_trace([0.15, 0.2, 0.25, 0.3, 0.35], [1] * 5, [0] * 5, k=0)
-    scale = race_scale(1.0, base)  # 6 target forwards (prefill included) in 0.35 s
+    scale = race_scale(1.0, spec, base)  # 6 target forwards (prefill included) in 0.35 s
     assert scale == pytest.approx(6 / 0.35)
     frames = race_frames(spec, base, scale)
     assert sum(f.delay_s for f in frames) == pytest.approx(6.0)
-    assert race_scale(PACES[REAL_TIME], base) == 1.0
+
+
+def test_a_real_time_race_of_short_runs_is_slowed_to_last_long_enough_to_watch():
+    spec = hand_trace([0.2, 0.3], [4, 4], [3, 3])
+    base = hand_trace([0.15, 0.2, 0.25, 0.3, 0.35], [1] * 5, [0] * 5, k=0)
+    scale = race_scale(PACES[REAL_TIME], spec, base)  # both runs over in 0.35 s of engine time
+    frames = race_frames(spec, base, scale)
+    assert sum(f.delay_s for f in frames) == pytest.approx(RACE_MIN_S)
+    assert [f.steps for f in frames] == [f.steps for f in race_frames(spec, base)]  # the same race, slower
+    slow = hand_trace([t * 100 for t in (0.15, 0.2, 0.25, 0.3, 0.35)], [1] * 5, [0] * 5, k=0)
+    assert race_scale(PACES[REAL_TIME], spec, slow) == 1.0  # a race of 35 s runs as it ran
 
 
 def test_tokens_per_target_call_leaves_the_prefill_aside_as_every_view_does():

@@ -54,15 +54,18 @@ def render_race_summary(label: str, spec: RunTrace, comparison: Comparison) -> s
 
 
 def render_race(label: str, reply: Turn, spec: RunTrace, baseline_reply: Turn, baseline: RunTrace, t: float,
-                steps: tuple[int, int], comparison: Comparison | None) -> str:
+                steps: tuple[int, int], comparison: Comparison | None, slowdown: float = 1.0) -> str:
     """Both lanes after `t` engine seconds (steps: the last step each had finished; `label` names the
-    speculative run's method); the summary once both have finished and the comparison is known."""
+    speculative run's method; `slowdown`: wall seconds per engine second, said on the clock); the
+    summary once both have finished and the comparison is known."""
     total = max(len(reply.pieces), len(baseline_reply.pieces))
     lanes = (render_runner(label, reply, spec, steps[0], total) +
              render_runner("target only", baseline_reply, baseline, steps[1], total))
     finished = steps[0] >= len(spec.points) and steps[1] >= len(baseline.points)
     summary = render_race_summary(label, spec, comparison) if finished and comparison else ""
-    return (f'<div class="sl-race"><div class="sl-race-clock">engine time {t:.2f} s</div>{lanes}{summary}</div>')
+    slowed = f" · shown {slowdown:.0f}× slower than it ran" if slowdown >= 1.5 else ""
+    return (f'<div class="sl-race"><div class="sl-race-clock">engine time {t:.2f} s{slowed}</div>{lanes}{summary}'
+            "</div>")
 
 
 def render_race_hint() -> str:
