@@ -117,6 +117,25 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.25):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+RECORD_JS = """
+const [selector, name] = arguments;
+const element = document.querySelector(selector);
+window[name] = [];
+new MutationObserver(() => window[name].push([performance.now() / 1000, element.innerText]))
+  .observe(element, {subtree: true, childList: true, characterData: true});
+"""
+
+
+def record_texts(driver, selector: str):
+    """Record every text the element matching `selector` shows from now on, timed in the page
+    (seconds); returns a function that reads the record so far as [(t, text)]. A state shown for
+    less than a poll (a replay of a few steps at 4 steps / s) is in the record, where polling for
+    it from here could miss it on a busy machine."""
+    name = "slRecord" + re.sub(r"\W", "_", selector)
+    driver.execute_script(RECORD_JS, selector, name)
+    return lambda: [tuple(entry) for entry in driver.execute_script(f"return window.{name};")]
+
+
 def css(driver, selector: str) -> list:
     from selenium.webdriver.common.by import By
 

@@ -134,14 +134,6 @@ def test_after_stop_the_stats_and_charts_count_exactly_the_tokens_the_text_shows
     assert tree_step(driver) == steps
 
 
-RACE_LOG_JS = """
-window.slRaceLog = [];
-const race = document.querySelector('#sl-race');
-new MutationObserver(() => window.slRaceLog.push([performance.now() / 1000, race.innerText]))
-  .observe(race, {subtree: true, childList: true, characterData: true});
-"""
-
-
 def test_the_comparison_names_its_time_and_the_race_replays_both_runs_slow_enough_to_watch(app_url, driver):
     driver.set_window_size(*DESKTOP)
     driver.get(app_url)
@@ -154,9 +146,8 @@ def test_the_comparison_names_its_time_and_the_race_replays_both_runs_slow_enoug
     show_tab(driver, "race")
     race = lambda: css(driver, "#sl-race")[0].text  # noqa: E731
     assert "tokens per target call" in race() and "✓ T = 0" in race()  # the finish, as the runs ended
-    driver.execute_script(RACE_LOG_JS)  # every frame the page draws, timed in the page (no polling gap)
+    log = record_texts(driver, "#sl-race")  # every frame the page draws, timed in the page (no polling gap)
     click(driver, "#sl-race-button")
-    log = lambda: driver.execute_script("return window.slRaceLog;")  # noqa: E731
     start = wait_for(lambda: next((t for t, text in log() if "engine time 0.00 s" in text), None), 30,
                      "the race to start")
     end = wait_for(lambda: next((t for t, text in log() if t > start and "tokens per target call" in text), None),
@@ -189,8 +180,9 @@ def test_at_one_step_a_second_the_reply_appears_step_by_step_and_replays(app_url
     assert counts[-1] == 6
 
     click(driver, next(e for e in css(driver, "#sl-pace label") if e.text == "4 steps / s"))
+    shown = record_texts(driver, "#sl-status")
     click(driver, "#sl-replay")  # the same reply again, from its trace
-    wait_for(lambda: "replay (4 steps / s)" in status(), 30, "the replay")
+    wait_for(lambda: any("replay (4 steps / s)" in text for _, text in shown()), 30, "the replay")
     wait_for(lambda: "replayed" in status(), 60, "the replay's end")
     assert len(css(driver, "#sl-conversation .sl-assistant .sl-tok")) == 6
 
