@@ -38,6 +38,8 @@ def test_each_lane_shows_the_tokens_its_run_had_emitted_after_that_step():
 def test_a_slowed_race_says_so_on_its_clock():
     html = render_race("EAGLE-3", SPEC_REPLY, SPEC, BASE_REPLY, BASE, 0.2, (1, 2), None, slowdown=11.6)
     assert "engine time 0.20 s · shown 12× slower than it ran" in html
+    html = render_race("EAGLE-3", SPEC_REPLY, SPEC, BASE_REPLY, BASE, 0.2, (1, 2), None, slowdown=1.25)
+    assert "shown 1.2× slower than it ran" in html
 
 
 def test_before_a_prefill_ends_its_lane_is_empty():

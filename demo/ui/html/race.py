@@ -63,7 +63,8 @@ def render_race(label: str, reply: Turn, spec: RunTrace, baseline_reply: Turn, b
              render_runner("target only", baseline_reply, baseline, steps[1], total))
     finished = steps[0] >= len(spec.points) and steps[1] >= len(baseline.points)
     summary = render_race_summary(label, spec, comparison) if finished and comparison else ""
-    slowed = f" · shown {slowdown:.0f}× slower than it ran" if slowdown >= 1.5 else ""
+    factor = f"{slowdown:.1f}" if slowdown < 10 else f"{slowdown:.0f}"
+    slowed = f" · shown {factor}× slower than it ran" if slowdown > 1.01 else ""
     return (f'<div class="sl-race"><div class="sl-race-clock">engine time {t:.2f} s{slowed}</div>{lanes}{summary}'
             "</div>")
 
