@@ -211,6 +211,7 @@ def prefetching(k_cache: torch.Tensor, v_cache: torch.Tensor, *weights: torch.Te
 
 
 TRACES: list[torch.Tensor] = []  # Grid.trace's records, [G, stages + 1, 2] int64 a launch (demo.bench.perf_forward)
+_NO_TRACE: dict[torch.device, torch.Tensor] = {}  # the trace argument of an untraced launch, a device
 _RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
 _PF_BLOCK = 512  # cache lines a program asks L2 for at once
 
@@ -268,7 +269,10 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
             cos.stride(0), sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3), mask.stride(0), mask.stride(2))
     stages = L * (5 if attn_splits == 1 else 6)  # a program's trace: its start, then each stage's end
-    trace = torch.empty(max(tasks, 1) if GRID.trace else 1, stages + 1, 2, dtype=torch.int64, device=x.device)
+    if GRID.trace:
+        trace = torch.empty(max(tasks, 1), stages + 1, 2, dtype=torch.int64, device=x.device)
+    else:  # never written: one shared placeholder, no allocation a forward
+        trace = _NO_TRACE.setdefault(x.device, torch.empty(1, dtype=torch.int64, device=x.device))
     args += (trace,)
     kwargs = dict(
         eps1=eps1, eps2=eps2, qk_scale=math.log2(math.e) / math.sqrt(hd), NH=num_heads,
