@@ -272,7 +272,9 @@ def launch_layers(x, norm1, qkv, qkv_bias, o, norm2, gate_up, down, counters, ba
     if GRID.trace:
         trace = torch.empty(max(tasks, 1), stages + 1, 2, dtype=torch.int64, device=x.device)
     else:  # never written: one shared placeholder, no allocation a forward
-        trace = _NO_TRACE.setdefault(x.device, torch.empty(1, dtype=torch.int64, device=x.device))
+        if x.device not in _NO_TRACE:
+            _NO_TRACE[x.device] = torch.empty(1, dtype=torch.int64, device=x.device)
+        trace = _NO_TRACE[x.device]
     args += (trace,)
     kwargs = dict(
         eps1=eps1, eps2=eps2, qk_scale=math.log2(math.e) / math.sqrt(hd), NH=num_heads,
