@@ -48,7 +48,11 @@ def generate(driver, prompt: str = PROMPT) -> None:
 SETTLED_POINT_JS = """
 const [element, done] = arguments;
 element.scrollIntoView({block: "center"});
-const point = () => { const r = element.getBoundingClientRect();
+// a token that wraps (" a": the space ends one line, the letter starts the next) has a box per
+// line and its bounding box's middle lies between them: aim at its widest line box
+const point = () => { const boxes = [...element.getClientRects()];
+                      const r = boxes.length ? boxes.reduce((a, b) => (b.width > a.width ? b : a))
+                                             : element.getBoundingClientRect();
                       return [r.left + Math.min(r.width / 2, 4), r.top + r.height / 2]; };
 const before = point();
 requestAnimationFrame(() => requestAnimationFrame(() => {
