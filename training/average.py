@@ -10,7 +10,8 @@ must be equal. Floats are averaged in float32 and stored back in their own dtype
 
 OUT gets config.json and the weights (sharded as ``save_drafter`` shards them), the first input's
 hot_tokens.json if it has one, and average_log.json: the inputs, their weights, how far apart they
-were, and each input's train_log.json, so that the recipe travels with the head.
+were, and each input's train_log.json, or its own average_log.json where it is itself a mean, so
+that the whole lineage travels with the head.
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def _distance(states: list[dict[str, torch.Tensor]]) -> list[float]:
             for s in states]
 
 
+def _lineage(d: Path) -> dict:
+    """How input `d` was made: its train_log.json, or, for a head that is itself a mean, its
+    average_log.json (so a mean of means keeps every run below it)."""
+    if (d / TRAIN_LOG).exists():
+        return {"train_log": json.loads((d / TRAIN_LOG).read_text())}
+    if (d / LOG_FILE).exists():
+        return {"train_log": None, "average_log": json.loads((d / LOG_FILE).read_text())}
+    return {"train_log": None}
+
+
 def average_drafters(inputs: list[str | Path], out_dir: str | Path, weights: list[float] | None = None,
                      max_shard_bytes: int = 9_500_000) -> Path:
     """Write the weighted mean of the drafter directories `inputs` to `out_dir` (see the module doc)."""
@@ -87,9 +98,7 @@ def average_drafters(inputs: list[str | Path], out_dir: str | Path, weights: lis
         shutil.copyfile(dirs[0] / HOT_TOKENS_FILE, out / HOT_TOKENS_FILE)
     log = {"method": "average", "weights": weights, "relative_distance_from_input_0": _distance(list(states)),
            "hot_tokens_from": str(dirs[0]) if (dirs[0] / HOT_TOKENS_FILE).exists() else None,
-           "inputs": [{"dir": str(d), "weight": w,
-                       "train_log": json.loads((d / TRAIN_LOG).read_text()) if (d / TRAIN_LOG).exists() else None}
-                      for d, w in zip(dirs, weights)]}
+           "inputs": [dict(dir=str(d), weight=w, **_lineage(d)) for d, w in zip(dirs, weights)]}
     (out / LOG_FILE).write_text(json.dumps(log) + "\n")
     return out
 

@@ -37,6 +37,21 @@ def test_average_is_the_weighted_mean_of_every_tensor_and_loads_as_a_drafter(tmp
     assert log["relative_distance_from_input_0"][0] == 0 and log["relative_distance_from_input_0"][1] > 0
 
 
+def test_a_mean_of_means_keeps_the_lineage_of_every_run_below_it(tmp_path):
+    """An input that is itself an average carries its average_log.json into the new one."""
+    _, target = tiny_target("llama")
+    a, b, c = (saved(tmp_path, n, target, s) for n, s in (("a", 1), ("b", 2), ("c", 3)))
+    (a / "train_log.json").write_text(json.dumps({"arm": "a"}))
+    (b / "train_log.json").write_text(json.dumps({"arm": "b"}))
+    (c / "train_log.json").write_text(json.dumps({"arm": "c"}))
+    ab = average_drafters([a, b], tmp_path / "ab")
+    log = json.loads((average_drafters([ab, c], tmp_path / "abc") / "average_log.json").read_text())
+    first, second = log["inputs"]
+    assert first["train_log"] is None
+    assert [i["train_log"] for i in first["average_log"]["inputs"]] == [{"arm": "a"}, {"arm": "b"}]
+    assert second["train_log"] == {"arm": "c"} and "average_log" not in second
+
+
 def test_average_of_copies_is_the_head_itself_bit_for_bit_in_bfloat16(tmp_path):
     """Equal weights of equal bf16 tensors: the float32 mean rounds back to the same bits."""
     _, target = tiny_target("llama")
