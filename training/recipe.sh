@@ -9,9 +9,11 @@
 #
 # Knobs: W (work directory), NGPU (GPUs to use; default: all), REGEN_MIN (minutes per regeneration
 # pass; a pass resumes where it stopped when run again), TRAIN3_MIN and TRAIN1_MIN (minutes of
-# training per EAGLE-3 arm and for EAGLE-1; TRAIN1_MIN=0 keeps the shipped EAGLE-1).
+# training per EAGLE-3 arm and for EAGLE-1; TRAIN1_MIN=0 keeps the shipped EAGLE-1), SAMPLED_MIN
+# (minutes for the sampling arm).
 # Everything lands under $W: regen/, holdout-greedy/, eagle3-all/ and eagle3-greedy/ (the arms),
-# eagle3/ (their average: the EAGLE-3 to ship), eagle/, validate/, logs/, and the reports
+# eagle3-arms/ (their average), eagle3-t1/ (the sampling arm), eagle3/ (the mean of those two: the
+# EAGLE-3 to ship), eagle/, validate/, logs/, and the reports
 # headline.md (k = 7, T = 0, 50 prompts), full.md (every hold-out prompt) and table.md (k = 1..8,
 # T = 0 and 1, 20 prompts). To ship:
 #   cp $W/eagle3/{config.json,model*.safetensors*,average_log.json,hot_tokens.json} assets/drafters/smollm2-135m-eagle3/
@@ -23,6 +25,7 @@ NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 REGEN_MIN=${REGEN_MIN:-4}
 TRAIN3_MIN=${TRAIN3_MIN:-13}
 TRAIN1_MIN=${TRAIN1_MIN:-6}
+SAMPLED_MIN=${SAMPLED_MIN:-4.2}
 
 TRAIN_PROMPTS=artifacts/prompts-turns/train  # every distinct user turn of the training records
 HOLDOUT_PROMPTS=artifacts/prompts/holdout    # the validation prompts: never trained on
@@ -101,8 +104,24 @@ fi
 
 # 4. Average the arms: heads trained from one start draft better as their mean. The greedy arm
 # goes first: its hot tokens are the ones kept (what the T = 0 metric decodes).
-bg python3 -m training.average --out "$W/eagle3" "$W/eagle3-greedy" "$W/eagle3-all" > "$W/logs/average.log" 2>&1
+bg python3 -m training.average --out "$W/eagle3-arms" "$W/eagle3-greedy" "$W/eagle3-all" > "$W/logs/average.log" 2>&1
 join "average"
+
+# 4b. The sampling round: the target answers every training prompt once more at T = 1 (the
+# distribution a T = 1 step verifies against), an arm continues the arms' mean on those answers with
+# the soft loss alone (no top-1 term, every chain root weighed alike), and the head to ship is the
+# mean of the two: the arm alone drafts better at T = 1 but worse at T = 0 than the mean does.
+t1=()
+for ((g = 0; g < NGPU; g++)); do
+  t1+=("$W/regen/t1-$g")
+  bg regen "$g" "$W/regen/t1-$g" --temperature 1.0 --seed $((11 + g))
+done
+join "the T = 1 answers"
+bg train 0 eagle3-t1 --method eagle3 --init-drafter "$W/eagle3-arms" --lr 2e-4 --top1-weight 0 \
+  --chain-start-weight 1 --time-budget-min "$SAMPLED_MIN" --data "$(sources "${t1[@]}")"
+join "the sampling arm"
+bg python3 -m training.average --out "$W/eagle3" "$W/eagle3-arms" "$W/eagle3-t1" >> "$W/logs/average.log" 2>&1
+join "average with the sampling arm"
 
 # 5. Validate through the app's engine in graph mode (the same counts as eager, faster): the
 # headline for every head; the EAGLE-3 to ship on every hold-out prompt, 8 prompt shards per GPU;
@@ -119,7 +138,7 @@ merge() {  # merge REPORT PREFIX: $W/REPORT.json and .md from $W/validate/PREFIX
     >> "$W/logs/validate-merge.log" 2>&1 || { log "merge $1 failed"; exit 1; }
 }
 i=0
-for m in eagle3 eagle3-greedy eagle3-all eagle; do
+for m in eagle3 eagle3-arms eagle3-t1 eagle3-greedy eagle3-all eagle; do
   bg validate $i "$m" "headline-$m" --num-prompts 50 --ks 7 --temperatures 0
   i=$((i + 1))
 done
@@ -144,5 +163,5 @@ join "validation: table"
 merge table table-
 
 log "summary"
-for m in eagle3-all eagle3-greedy eagle; do grep -h "final window" "$W/logs/train-$m.log" 2>/dev/null | sed "s/^/$m: /"; done
+for m in eagle3-all eagle3-greedy eagle3-t1 eagle; do grep -h "final window" "$W/logs/train-$m.log" 2>/dev/null | sed "s/^/$m: /"; done
 cat "$W/headline.md" "$W/full.md" "$W/table.md"
