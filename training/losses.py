@@ -259,13 +259,17 @@ def eagle3_ttt_forward(drafter, tokens: torch.Tensor, features: torch.Tensor, st
 
 
 def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0.0,
-                chain_start_weight: float = 1.0, decay: float = TTT_DECAY) -> tuple[torch.Tensor, dict]:
+                chain_start_weight: float = 1.0, decay: float = TTT_DECAY,
+                align_mask: bool = False) -> tuple[torch.Tensor, dict]:
     """EAGLE-3 TTT loss on one batch: sum_j decay^j x (soft CE over the draft vocabulary + top1_weight
     x CE against the target's argmax), each step averaged over its valid slots; with
     chain_start_weight W != 1 the chains rooted where the engine would start one on this text (the
-    drafter's own chains at T = 0, see chain_starts) weigh W times the others. Returns (loss,
-    metrics with per-step accuracy acc[j], and start_acc: step-0 accuracy at those chain starts, the
-    training-side estimate of the engine's acceptance at token 0)."""
+    drafter's own chains at T = 0, see chain_starts) weigh W times the others. With align_mask, step
+    j trains only the chains whose greedy drafts 0..j-1 all equal the text: a T = 0 chain never
+    reaches step j otherwise, so the capacity goes to the steps it does reach (GRIFFIN's
+    token-alignable training), and acc[j] becomes the accuracy given the step is reached. Returns
+    (loss, metrics with per-step accuracy acc[j], and start_acc: step-0 accuracy at those chain
+    starts, the training-side estimate of the engine's acceptance at token 0)."""
     B, S = tb.tokens.shape
     dev = tb.tokens.device
     cos, sin = rope_for(drafter, S + steps, dev)
@@ -278,11 +282,16 @@ def eagle3_loss(drafter, tb: TargetBatch, steps: int = 7, top1_weight: float = 0
         to_draft[draft_ids] = torch.arange(len(draft_ids), device=dev)
     walk = _ChainWalk(tb, len(outs))
     weights = starts = None
-    if chain_start_weight != 1.0 and outs:
+    if (chain_start_weight != 1.0 or align_mask) and outs:
         with torch.no_grad():  # where the drafter, as it is, would start chains: one argmax pass per step
             drafted = _greedy_drafts(drafter, outs, valids, draft_ids)
             starts = walk.starts(drafted)
-            weights = 1.0 + (chain_start_weight - 1.0) * starts.float()  # [B, S]
+            if chain_start_weight != 1.0:
+                weights = 1.0 + (chain_start_weight - 1.0) * starts.float()  # [B, S]
+            if align_mask:  # [B, S, steps] step j is reached: drafts 0..j-1 of the chain at slot i all hit
+                hits = walk.hits(drafted).int()
+                reached = F.pad(hits.cumprod(-1)[..., :-1], (1, 0), value=1).bool()
+                valids = [v & reached[..., j] for j, v in enumerate(valids)]
     else:  # the loss's own picks show where the chains started
         drafted = [torch.full((B, S), -1, dtype=torch.long, device=dev) for _ in outs]
     total = tb.features.new_zeros((), dtype=torch.float32)

@@ -97,6 +97,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chain-start-weight", type=float, default=3.0,
                    help="EAGLE-3: weigh the chains rooted where the engine would start one at T = 0 (the drafter's "
                         "own chains on the training text) this many times the others; 1: every slot alike")
+    p.add_argument("--align-mask", action="store_true",
+                   help="EAGLE-3: step j trains only chains whose greedy drafts 0..j-1 equal the text (the steps "
+                        "a T = 0 chain reaches)")
     p.add_argument("--aux-layers", default=None,
                    help="EAGLE-3 feature layers, e.g. 2,15,29 (default: the target's (2, L//2, L-3), saved as 'the "
                         "default', which vLLM and SGLang agree on; id i is the residual stream entering layer i)")
@@ -140,6 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--chain-start-weight must be positive")
     if not 0 < args.ttt_decay <= 1 or (args.ttt_decay != p.get_default("ttt_decay") and args.method != "eagle3"):
         p.error("--ttt-decay: EAGLE-3's, in (0, 1]")
+    if args.align_mask and args.method != "eagle3":
+        p.error("--align-mask masks EAGLE-3's unrolled steps (EAGLE-1 trains one step)")
     if args.eval_data and args.method != "eagle3":
         p.error("--eval-data walks EAGLE-3's chains (EAGLE-1 trains no unrolled steps to walk)")
     if args.eval_every_min is not None and not args.eval_data:
@@ -333,7 +338,7 @@ def train_step(run: Run, idx: np.ndarray, lr: float) -> tuple[dict, torch.Tensor
             loss, metrics = eagle_loss(run.drafter, tb, run.target.lm_head, FEATURE_NOISE)
         else:
             loss, metrics = eagle3_loss(run.drafter, tb, args.ttt_steps, args.top1_weight, args.chain_start_weight,
-                                        args.ttt_decay)
+                                        args.ttt_decay, args.align_mask)
     run.opt.zero_grad(set_to_none=True)
     has_loss = loss.requires_grad  # False: no trainable slot (e.g. every target argmax outside the draft vocabulary)
     if has_loss:

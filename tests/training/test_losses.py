@@ -327,6 +327,51 @@ def test_chain_start_weight_weighs_the_chains_the_engine_would_draft():
     assert drafter.fc.weight.grad.abs().sum() > 0
 
 
+def test_align_mask_trains_each_step_only_where_the_greedy_chain_reaches_it():
+    """--align-mask: on the engine's own greedy text, step j is scored only at the slots whose greedy
+    drafts 0..j-1 all equal the text, so acc[j] is the chance of accepting draft j once drafts < j
+    were (counted here from the training forward's own argmax), step 0 is untouched, and the loss
+    still trains the drafter."""
+    k = 3
+    target, drafter, prompts = tiny_pair("eagle3-shared", 8)  # 8 tokens: chains of every length occur
+    aux = tuple(drafter.cfg.aux_layer_ids or target.config.default_aux_layers())
+    engine = Engine(target, drafter, max_context=128)
+    seqs, masks = [], []
+    for prompt in prompts:
+        events = list(engine.generate(prompt, GenerationConfig(max_new_tokens=40, num_spec_tokens=k,
+                                                                stop_token_ids=())))
+        answer = [t for e in events for t in e.token_ids][:40]
+        seqs.append(prompt + answer)
+        masks.append([False] * len(prompt) + [True] * len(answer))
+    width = max(map(len, seqs))
+    tokens = torch.tensor([q + [0] * (width - len(q)) for q in seqs])
+    mask = torch.tensor([m + [False] * (width - len(m)) for m in masks])
+    tb = run_target(target, tokens, mask, aux)
+    with torch.no_grad():
+        _, plain = eagle3_loss(drafter, tb, steps=k)
+        _, aligned = eagle3_loss(drafter, tb, steps=k, align_mask=True)
+        B, S = tokens.shape
+        cos, sin = rope_for(drafter, S + k, tokens.device)
+        outs = eagle3_ttt_forward(drafter, F.pad(tokens, (0, k + 1)), tb.features, k, cos, sin)
+        text = F.pad(tokens, (0, k + 2))
+        reached = torch.ones(B, S, dtype=torch.bool)
+        for j, h in enumerate(outs):
+            draft = (drafter.norm(h) @ drafter.lm_head.weight.T).argmax(-1)  # [B, S]
+            slot = torch.arange(S)
+            valid = F.pad(mask, (0, k + 2))[:, 2 + j: 2 + j + S] & (slot + 1 + j < S)
+            hit = valid & (draft == text[:, 2 + j: 2 + j + S])
+            scored = valid & reached
+            if j == 0:
+                assert torch.equal(aligned["acc"][0], plain["acc"][0])
+            assert float(aligned["acc"][j]) == pytest.approx(float(hit[scored].float().mean()))
+            reached = reached & hit
+        assert scored.any() and not torch.equal(aligned["acc"][k - 1], plain["acc"][k - 1])
+    drafter.fc.weight.requires_grad_(True)
+    loss, _ = eagle3_loss(drafter, tb, steps=k, align_mask=True)
+    loss.backward()
+    assert drafter.fc.weight.grad.abs().sum() > 0
+
+
 def test_chain_acceptance_estimate_is_one_plus_the_running_products_of_step_accuracies():
     assert chain_acceptance([1.0, 1.0, 1.0], 3) == 4.0
     assert chain_acceptance([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)

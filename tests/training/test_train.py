@@ -62,7 +62,8 @@ def test_tiny_training_run_saves_a_loadable_drafter(tmp_path, method):
     shared = method == "eagle3"
     method = "eagle3" if own else method
     log = train_cli(target_dir, data_dir, tmp_path / "out", method, "--max-steps", "3",
-                    *(["--hot-tokens", "40"] * shared), *(["--draft-vocab", "64", "--top1-weight", "1"] * own))
+                    *(["--hot-tokens", "40", "--align-mask"] * shared),
+                    *(["--draft-vocab", "64", "--top1-weight", "1"] * own))
     assert log["steps"] == 3 and log["stop_reason"] == "max_steps" and log["head_loss"] == "torch"
     if method == "eagle3":  # the training-side estimate of acceptance at token 0, logged every window
         assert all(0 <= row["start_acc"] <= 1 for row in log["history"])
@@ -122,8 +123,9 @@ def test_the_defaults_are_the_shipped_eagle3_recipe_and_its_loss_flags_stay_eagl
     base = ["--data", "regen:x", "--out", "y", "--max-steps", "1"]
     args = parse_args(["--method", "eagle3", *base])
     assert (args.top1_weight, args.ttt_decay, args.chain_start_weight, args.draft_vocab) == (2.0, 0.6, 3.0, None)
+    assert not args.align_mask  # the shipped arms trained every step at every slot
     parse_args(["--method", "eagle", *base])  # the EAGLE-3 defaults do not stop an EAGLE-1 run
-    for flag in (["--chain-start-weight", "1"], ["--ttt-decay", "0.8"]):
+    for flag in (["--chain-start-weight", "1"], ["--ttt-decay", "0.8"], ["--align-mask"]):
         with pytest.raises(SystemExit):
             parse_args(["--method", "eagle", *base, *flag])
 
