@@ -96,15 +96,6 @@ def _copy_head_drafter(drafter) -> None:
         drafter.layers[0].mlp.down_proj.weight.zero_()
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench")
-    target = _tiny_target_dir(root / "target")
-    prompts = root / "questions.jsonl"
-    prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return {"root": root, "target": target, "prompts": prompts}
-
-
 def _drafter(models, method: str) -> str:
     pytest.importorskip("demo.models.checkpoints")
     path = models["root"] / f"drafter-{method}"

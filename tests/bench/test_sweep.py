@@ -10,20 +10,11 @@ import pytest
 
 from demo.bench import cli as bench
 from demo.bench import sweep
-from tests.bench.test_bench import FAST, QUESTIONS, _drafter_dir, _tiny_target_dir
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    target = _tiny_target_dir(root / "target")
-    prompts = root / "questions.jsonl"
-    prompts.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    return {"target": target, "prompts": prompts, "drafter": _drafter_dir(root / "drafter", "eagle3", target)}
+from tests.bench.test_bench import FAST, QUESTIONS, _drafter
 
 
 def _common(models):
-    return ["--target", str(models["target"]), "--method", "eagle3", "--drafter", str(models["drafter"]), *FAST,
+    return ["--target", str(models["target"]), "--method", "eagle3", "--drafter", _drafter(models, "eagle3"), *FAST,
             "--temperature", "1", "--seed", "3"]
 
 
