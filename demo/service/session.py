@@ -260,7 +260,8 @@ class Session:
         method = METHOD_LABELS[request.method]
         if request.k:
             shape = request.shape
-            drafts = (f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens" if shape.tree
+            # what the visitor asked for: a chain drawn from q runs as a tree of top-1, still a chain
+            drafts = (f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens" if request.gen.tree
                       else f"k = {request.k}")
             method += f" ({drafts}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
                                         else "") + ")"

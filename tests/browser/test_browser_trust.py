@@ -199,6 +199,19 @@ def test_a_setting_typed_out_of_range_is_refused_in_a_sentence(app_url, driver):
     wait_for(lambda: "temperature = 3 is out of range" in status(driver), 30, "the refusal")
 
 
+def test_a_chain_drawn_from_q_is_labelled_a_chain_above_its_reply(app_url, driver):
+    # at T > 0 a chain's drafts are drawn from q on the tree machinery (a tree of top-1): the reply's
+    # label still names the chain the visitor picked
+    open_page(driver, app_url)
+    set_setting(driver, "#sl-temperature input[type=number]", 1)
+    choose_shape(driver, "chain")
+    set_setting(driver, "#sl-k input[type=number]", 3)
+    generate(driver, "Name three rivers.", 8)
+    wait_for(lambda: finished(driver), 120, "the reply")
+    label = css(driver, "#sl-conversation .sl-assistant .sl-role")[0].text
+    assert "(k = 3)" in label and "tree" not in label, label
+
+
 def test_the_verified_tokens_slider_spans_what_the_trees_shape_allows(app_url, driver):
     open_page(driver, app_url)
     click(driver, next(e for e in css(driver, "#sl-shape label") if e.text == "tree"))

@@ -183,6 +183,21 @@ def test_stats_panel_names_the_method_and_mode_in_words(session):
     assert "target only · eager" in text and "none ·" not in text
 
 
+@pytest.mark.parametrize("rule", ["wor", "q", "pointmass"])
+def test_a_chain_is_labelled_a_chain_whatever_machinery_its_rule_drafts_with(session, rule):
+    # a chain whose drafts are drawn from q runs on the tree machinery (a tree of top-1); the reply's
+    # label names what the visitor asked for
+    final = list(session.generate(Request.of("hi", num_spec_tokens=3, temperature=1.0, draft_sampling=rule,
+                                             max_new_tokens=4)))[-1]
+    label = final.chat.turns[-1].label
+    assert "(k = 3)" in label and "tree" not in label
+
+
+def test_a_tree_is_labelled_with_its_depth_width_and_tokens_verified(session):
+    final = list(session.generate(Request.of("hi", num_spec_tokens=3, tree=TreeShape(2, 6), max_new_tokens=4)))[-1]
+    assert "(tree: depth 3, top-2, 6 tokens)" in final.chat.turns[-1].label
+
+
 def test_compare_at_positive_temperature_makes_no_identity_claim(session):
     final = list(session.generate(Request.of("hi", temperature=0.7, max_new_tokens=8, compare=True)))[-1]
     assert final.chat.comparison.identical is None and not final.chat.comparison.greedy
