@@ -106,6 +106,7 @@ class Models:
         self.load_args = dict(device=str(self.device), dtype=dtype_label(self.target.dtype))
         self._engines: dict[tuple[str, str], Engine] = {}
         self.token_text_cache: dict[int, str] = {}  # token id -> its text alone (Session.token_texts)
+        self.draft_text_cache: dict[tuple[int, ...], str] = {}  # draft ids -> their text (Session.draft_texts)
         self.drafters: dict = {m: None for m in DRAFT_METHODS}
         self.drafter_labels: dict[str, str] = {m: "none" for m in DRAFT_METHODS}
         self.drafter_warnings: dict[str, list[str]] = {m: [] for m in DRAFT_METHODS}

@@ -41,6 +41,7 @@ from demo.service.request import MAX_CHARS_PER_TOKEN, NO_COMPARISON, Request, Re
 # (a CPU's take seconds).
 COMPARE_ROUNDS = 3
 COMPARE_BUDGET_S = 4.0
+DRAFT_TEXTS_KEPT = 8192  # rejected drafts' texts kept per Models (a 2,048-token reply has at most 2,048)
 
 
 class Session:
@@ -79,6 +80,21 @@ class Session:
             texts.update(zip(missing, self.tokenizer.batch_decode([[i] for i in missing], skip_special_tokens=False,
                                                                   clean_up_tokenization_spaces=False)))
         return [texts[int(i)] for i in ids]
+
+    def draft_texts(self, drafts: list[list[int]]) -> list[str]:
+        """Each draft's text, its tokens decoded together (special tokens kept): a character split
+        over several tokens reads whole. Kept per Models, as token_texts are (the page redraws every
+        rejected draft at every step), the most recent DRAFT_TEXTS_KEPT."""
+        texts = self.models.draft_text_cache
+        keys = [tuple(int(i) for i in ids) for ids in drafts]
+        missing = [k for k in dict.fromkeys(keys) if k not in texts]
+        if missing:
+            texts.update(zip(missing, self.tokenizer.batch_decode([list(k) for k in missing], skip_special_tokens=False,
+                                                                  clean_up_tokenization_spaces=False)))
+        out = [texts[k] for k in keys]
+        for k in list(texts)[:max(len(texts) - DRAFT_TEXTS_KEPT, 0)]:  # the oldest (dicts keep insertion order)
+            del texts[k]
+        return out
 
     # ------------------------------------------------------------------ loading
     @classmethod

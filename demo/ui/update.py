@@ -23,7 +23,7 @@ from demo.ui.html.render import render_chat, render_comparison, render_delta, re
 def conversation_html(session: Session, chat: ChatState) -> str:
     """The conversation: the latest reply inspectable, with its rejected drafts (the show-rejected
     toggle hides them in the browser)."""
-    return render_chat(chat, rejected_texts(chat.trace, session.token_texts))
+    return render_chat(chat, rejected_texts(chat.trace, session.draft_texts))
 
 
 def figures_of(trace: RunTrace | None, k: int = 3) -> list:
@@ -130,7 +130,7 @@ def streamed(c: Controls, session: Session, update: Update, on_page: int | None,
     if on_page is None:
         out[c.conversation] = conversation_html(session, chat)
     elif len(reply.pieces) > on_page:
-        rejected = rejected_texts(chat.trace, session.token_texts)
+        rejected = rejected_texts(chat.trace, session.draft_texts)
         out[c.stream] = render_delta(len(chat.turns), reply.pieces, on_page, rejected)
     out |= {c.headline: render_headline(chat.trace, chat.comparison),
             c.stats: render_stats(panel_stats(session, chat.trace), DEFINITIONS)}

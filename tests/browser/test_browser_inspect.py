@@ -108,6 +108,43 @@ def test_the_headline_and_rejected_drafts_show_and_the_toggle_hides_them(app_url
     assert "rejected draft" in css(driver, "#sl-legend")[0].text
 
 
+def split_character_app():
+    """(demo, url): the predictable tiny target (every token "a") with an EAGLE drafter that drafts the
+    bytes of "é" over and over (tests/tiny.py's OracleDrafter, reading positions): a chain of 2 has
+    every draft rejected, and every other step's draft is the character's two byte tokens."""
+    from demo.service.hosting import Hosting
+    from demo.service.model_cache import Models
+    from demo.service.session import Session
+    from demo.views import build_demo
+    from tests.service.http_app import serve
+    from tests.tiny import OracleDrafter
+    from tests.tiny_chat import SHIFT, tiny_session
+
+    tiny = tiny_session(predictable=True)
+    hf, tok = tiny.models.target.hf, tiny.tokenizer
+    e_acute = [(b - SHIFT) % 256 for b in "é".encode()]  # two byte tokens
+    oracle = OracleDrafter(e_acute * 512, hf.config.vocab_size, hf.config.hidden_size)
+    session = Session(Models(hf, tok, {"eagle": oracle}, name="tiny", target_spec="tiny", max_context=512))
+    demo = build_demo(session, Hosting())
+    return demo, serve(demo, Hosting())
+
+
+def test_a_character_split_over_a_rejected_drafts_tokens_reads_whole(driver):
+    demo, url = split_character_app()
+    try:
+        driver.get(url)
+        click(driver, wait_for(lambda: [e for e in css(driver, "#sl-method label") if e.text == "EAGLE"], 60,
+                               "the EAGLE choice")[0])
+        choose_shape(driver, "chain")
+        set_number(driver, "#sl-k", 2)
+        set_number(driver, "#sl-max-new", 8)
+        generate(driver, "hi")
+        drafts = [e.text for e in css(driver, "#sl-conversation .sl-rejected")]
+        assert "é" in drafts, drafts  # decoded token by token it read as two replacement characters
+    finally:
+        demo.close()
+
+
 def test_a_tapped_token_opens_its_step_in_the_inspector_and_the_tree_view(app_url, driver):
     from selenium.webdriver.common.keys import Keys
 

@@ -85,6 +85,25 @@ def test_token_texts_decode_each_token_alone_and_only_once():
     assert calls == [[[0], [1]], [[2]]]  # the page redraws every rejected draft each step: known ids cost nothing
 
 
+def test_a_draft_decodes_as_one_text_so_a_character_split_over_its_tokens_reads_whole():
+    session = tiny_session()
+    e_acute = [(b - ord("a")) % 256 for b in "é".encode()]  # two byte tokens (id i is byte "a" + i)
+    assert session.token_texts(e_acute) == ["\ufffd", "\ufffd"]  # each alone is half a character
+    assert session.draft_texts([[0, *e_acute], [1]]) == ["aé", "b"]
+
+
+def test_draft_texts_are_decoded_once_and_the_oldest_dropped_past_the_limit(monkeypatch):
+    session = tiny_session()
+    monkeypatch.setattr("demo.service.session.DRAFT_TEXTS_KEPT", 2)
+    decode, calls = session.tokenizer.batch_decode, []
+    session.models.tokenizer = types.SimpleNamespace(batch_decode=lambda seqs, **kw: calls.append(seqs) or
+                                                     decode(seqs, **kw))
+    assert session.draft_texts([[0, 1], [2], [0, 1]]) == ["ab", "c", "ab"]
+    assert session.draft_texts([[2], [3]]) == ["c", "d"]
+    assert calls == [[[0, 1], [2]], [[3]]]  # a known draft costs nothing
+    assert list(session.models.draft_text_cache) == [(2,), (3,)]
+
+
 def test_accepted_drafts_are_marked_by_their_depth(predictable):
     # the predictable target always emits "a" and EAGLE (sharing its lm_head) always drafts it
     final = list(predictable.generate(Request.of("hi", method="eagle", num_spec_tokens=3, max_new_tokens=9)))[-1]

@@ -79,16 +79,16 @@ def test_no_rejected_draft_when_every_draft_was_accepted_or_the_reply_ended_insi
     assert rejected_nodes(prefill()) == []
 
 
-def test_rejected_texts_decode_every_step_in_one_call():
+def test_rejected_texts_decode_each_steps_draft_as_one_sequence_in_one_call():
     calls = []
 
-    def texts(ids):
-        calls.append(list(ids))
-        return [f"<{i}>" for i in ids]
+    def texts(drafts):
+        calls.append(drafts)
+        return ["".join(f"<{i}>" for i in ids) for ids in drafts]
 
     trace = trace_of(chain_step(1, n=1), chain_step(2, n=4), tree_step([2], step=3))
-    assert rejected_texts(trace, texts) == {1: ["<11>", "<12>", "<13>"], 3: ["<26>"]}
-    assert calls == [[11, 12, 13, 26]]
+    assert rejected_texts(trace, texts) == {1: "<11><12><13>", 3: "<26>"}
+    assert calls == [[[11, 12, 13], [26]]]
     assert rejected_texts(None, texts) == {}
 
 

@@ -87,7 +87,7 @@ def test_a_rejected_draft_shows_struck_between_the_accepted_drafts_and_the_targe
     # step 3 accepted "a" and "b", rejected the draft " x\ny", then the target emitted "c"
     pieces = [TokenPiece(1, "a", 3, 1, 0.9), TokenPiece(2, "b", 3, 2, 0.8), TokenPiece(3, "c", 3, 0, 0.5),
               TokenPiece(4, "d", 4, 1, 0.5), TokenPiece(5, "e", 4, 0, 0.5)]
-    html = render_reply(pieces, {3: [" x", "\ny"]})
+    html = render_reply(pieces, {3: " x\ny"})
     page = shown(html)
     assert page.text == "ab x↵ycde"  # newlines of a rejected draft do not break the reply's lines
     spans = [a for t, a in page.tags if t == "span"]
@@ -103,9 +103,9 @@ def test_only_the_latest_reply_carries_its_steps_and_rejected_drafts():
     new = Turn("assistant", "cd", [TokenPiece(3, "c", 0, 0, 0.5), TokenPiece(4, "d", 1, 0, 0.5)])
     chat = ChatState([Turn("user", "hi"), old, Turn("user", "more"), new], trace=RunTrace("eagle3", "eager", 3,
                                                                                           AcceptanceStats(3)))
-    tags = [a for t, a in shown(render_chat(chat, {1: ["z"]})).tags if t == "span"]
+    tags = [a for t, a in shown(render_chat(chat, {1: "z"})).tags if t == "span"]
     assert [a.get("data-step") for a in tags] == [None, None, "0", "1", "1"]  # old turn: none; latest: each token
-    assert shown(render_chat(chat, {1: ["z"]})).text.count("z") == 1
+    assert shown(render_chat(chat, {1: "z"})).text.count("z") == 1
     no_trace = [a for t, a in shown(render_chat(ChatState(chat.turns))).tags if t == "span"]
     assert all("data-step" not in a for a in no_trace)  # no run to inspect
 

@@ -88,15 +88,15 @@ def rejected_ids(record: StepRecord) -> list[int]:
     return [record.tree.tokens[n - 1] for n in rejected_nodes(record)]
 
 
-def rejected_texts(trace: RunTrace | None, token_texts: Callable[[list[int]], list[str]]) -> dict[int, list[str]]:
-    """Step -> the texts of its rejected draft, for the conversation (one token_texts call)."""
+def rejected_texts(trace: RunTrace | None, draft_texts: Callable[[list[list[int]]], list[str]]) -> dict[int, str]:
+    """Step -> the text of its rejected draft, for the conversation (one draft_texts call). Each draft
+    is decoded as one sequence: a character split over its tokens reads whole, not as one
+    replacement character a token."""
     if trace is None:
         return {}
     tails = {s.step: rejected_ids(s) for s in trace.steps}
     tails = {step: ids for step, ids in tails.items() if ids}
-    flat = [i for ids in tails.values() for i in ids]
-    texts = iter(token_texts(flat) if flat else [])
-    return {step: [next(texts) for _ in ids] for step, ids in tails.items()}
+    return dict(zip(tails, draft_texts(list(tails.values())))) if tails else {}
 
 
 # ---------------------------------------------------------------------- one step as data

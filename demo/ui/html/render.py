@@ -64,17 +64,17 @@ def token_span(p: TokenPiece, inspectable: bool = False) -> str:
     return f'<span class="{cls}"{style} title="{escape(p.describe())}"{step}>{escape(p.text)}</span>'
 
 
-def rejected_span(step: int, texts: list[str]) -> str:
+def rejected_span(step: int, text: str) -> str:
     """A step's rejected draft: struck through, grey, newlines shown as ↵ (the layout stays the reply's)."""
-    text = "".join(texts).replace("\n", "↵")
+    text = text.replace("\n", "↵")
     tip = f"step {step} · rejected draft: the target replaced it with the token after it"
     return (f'<span class="sl-rejected" style="{REJECTED_STYLE}" title="{escape(tip)}" data-step="{step}">'
             f"{escape(text)}</span>")
 
 
-def reply_spans(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None = None,
+def reply_spans(pieces: list[TokenPiece], rejected: dict[int, str] | None = None,
                 inspectable: bool = False) -> str:
-    """The spans of these tokens, each step's rejected draft (`rejected`: step -> its token texts)
+    """The spans of these tokens, each step's rejected draft (`rejected`: step -> its text)
     before the target's own token of that step; `inspectable`: tokens carry their step. A reply's
     spans are those of its steps one after another, so a streamed page appends them (render_delta)."""
     rejected = rejected or {}
@@ -86,7 +86,7 @@ def reply_spans(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None 
     return "".join(spans)
 
 
-def render_reply(pieces: list[TokenPiece], rejected: dict[int, list[str]] | None = None,
+def render_reply(pieces: list[TokenPiece], rejected: dict[int, str] | None = None,
                  inspectable: bool = False) -> str:
     """The highlighted text of one reply (reply_spans); the latest reply (`inspectable`) says how many
     tokens it holds (data-pieces), which the streamed page counts on."""
@@ -105,7 +105,7 @@ def render_turn(role: str, body_html: str, label: str = "", note: str = "") -> s
             f"{body_html}{tail}</div>")
 
 
-def render_turn_of(turn: Turn, rejected: dict[int, list[str]] | None = None, inspectable: bool = False) -> str:
+def render_turn_of(turn: Turn, rejected: dict[int, str] | None = None, inspectable: bool = False) -> str:
     """One turn of the conversation: the user's text, or the reply with its token provenance."""
     if turn.role == "user":
         return render_turn("user", render_user(turn.text), "You")
@@ -113,7 +113,7 @@ def render_turn_of(turn: Turn, rejected: dict[int, list[str]] | None = None, ins
     return render_turn("assistant", render_reply(turn.pieces, rejected, inspectable), turn.label, note)
 
 
-def render_chat(chat: ChatState, rejected: dict[int, list[str]] | None = None) -> str:
+def render_chat(chat: ChatState, rejected: dict[int, str] | None = None) -> str:
     """The whole conversation as the UI and the API's `html` show it. The latest reply, the one
     chat.trace records, is inspectable and shows `rejected` (step -> rejected draft texts)."""
     latest = max((i for i, t in enumerate(chat.turns) if t.role == "assistant"), default=-1) if chat.trace else -1
@@ -224,7 +224,7 @@ def notices_html(warnings: list[str]) -> str:
     return f'<div class="sl-warning"><b>⚠ Note</b><ul>{items}</ul></div>' if items else ""
 
 
-def render_delta(reply_id: int, pieces: list[TokenPiece], start: int, rejected: dict[int, list[str]]) -> str:
+def render_delta(reply_id: int, pieces: list[TokenPiece], start: int, rejected: dict[int, str]) -> str:
     """What a streamed step adds to the page: the latest reply's tokens from index `start` on, with
     their steps' rejected drafts, for assets/stream.js to append where the reply holds `start`
     tokens (data-pieces); `reply_id` tells two replies' deltas apart."""
