@@ -111,6 +111,11 @@ class DraftShape:
         return cls.of(k, tree, sampled, width, without_replacement=draft_sampling == "wor")
 
     @property
+    def chain(self) -> bool:
+        """Drafts in a row, one a depth: a chain, or a tree of top-1 (a sampled chain runs as one)."""
+        return self.depth > 0 and self.topk == 1
+
+    @property
     def candidates(self) -> int:
         """Nodes drafted before pruning: K at depth 1, then K * K per further depth."""
         return self.topk + (self.depth - 1) * self.topk * self.topk

@@ -12,9 +12,9 @@ from demo.methods import mode_label
 
 def shape_label(config: dict) -> str:
     """"k=7", or "tree depth 6 x top-8, 64 tokens verified per step" (with "drafts sampled from q", and
-    "without replacement")."""
+    "without replacement"). A tree of top-1 is a chain (sampled chains run on the tree machinery)."""
     shape = config.get("shape") or {}
-    if not shape.get("tree"):
+    if not shape.get("tree") or shape.get("topk") == 1:
         label = f"k={config['k']}"
     else:
         label = f"tree depth {shape['depth']} x top-{shape['topk']}, {shape['nodes'] + 1} tokens verified per step"

@@ -92,8 +92,9 @@ class Session:
             texts.update(zip(missing, self.tokenizer.batch_decode([list(k) for k in missing], skip_special_tokens=False,
                                                                   clean_up_tokenization_spaces=False)))
         out = [texts[k] for k in keys]
-        for k in list(texts)[:max(len(texts) - DRAFT_TEXTS_KEPT, 0)]:  # the oldest (dicts keep insertion order)
-            del texts[k]
+        if len(texts) > DRAFT_TEXTS_KEPT:  # drop the oldest (dicts keep insertion order)
+            for k in list(texts)[:len(texts) - DRAFT_TEXTS_KEPT]:
+                del texts[k]
         return out
 
     # ------------------------------------------------------------------ loading
@@ -276,9 +277,8 @@ class Session:
         method = METHOD_LABELS[request.method]
         if request.k:
             shape = request.shape
-            # what the visitor asked for: a chain drawn from q runs as a tree of top-1, still a chain
-            drafts = (f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens" if request.gen.tree
-                      else f"k = {request.k}")
+            drafts = (f"k = {request.k}" if shape.chain  # a chain drawn from q runs as a tree of top-1
+                      else f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens")
             method += f" ({drafts}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
                                         else "") + ")"
         return f"{self.name} · {method} · {MODE_LABELS[request.mode]}"

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from demo.bench import cli as bench
 from demo.bench import measure
-from demo.bench.report import category_rows, format_report
+from demo.config import DraftShape, TreeShape
+from demo.bench.report import category_rows, format_report, shape_label
 from demo.metrics import AcceptanceStats
 from demo.service.chat import first_difference
 
@@ -387,3 +388,15 @@ def test_drafter_dtype_int8_quantizes_the_layer_and_head_and_int8_head_the_head_
     assert measure.int8_label(drafter) == ", head int8"
     oracle = type("O", (), {"layer_in_int8": False, "head_in_int8": False})()  # no weights of its own
     assert measure.int8_label(oracle) == ""
+
+
+@pytest.mark.parametrize("tree, rule, want", [
+    (None, "wor", "k=3, drafts sampled from q without replacement"),  # runs as a tree of top-1: still a chain
+    (None, "pointmass", "k=3"),
+    (TreeShape(2, 6), "wor", "tree depth 3 x top-2, 6 tokens verified per step, drafts sampled from q without "
+                             "replacement")])
+def test_a_report_names_a_sampled_chain_a_chain_and_a_tree_by_its_shape(tree, rule, want):
+    from dataclasses import asdict
+
+    shape = DraftShape.drawn(3, tree, rule, temperature=1.0)
+    assert shape_label({"k": 3, "shape": asdict(shape)}) == want
