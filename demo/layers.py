@@ -188,7 +188,8 @@ def several_row_layout(w: torch.Tensor) -> str:
         return "onednn"
     key = (w.shape[0], w.shape[1])
     if key not in _LAYOUTS:
-        x = torch.randn(PREPACK_ROWS, w.shape[1])
+        # its own generator: a probe must not move the global stream a seeded sampler draws from
+        x = torch.randn(PREPACK_ROWS, w.shape[1], generator=torch.Generator().manual_seed(0))
         packed, transposed = torch.ops.mkldnn._reorder_linear_weight(w, PREPACK_ROWS), w.t().contiguous()
         onednn = _seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
         plain = _seconds(lambda: torch.matmul(x, transposed))
