@@ -5,10 +5,11 @@ config that cannot run, in one sentence naming the flag; nothing here loads a mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from demo.bench.faults import FAULT_SHORT, FAULTS, capture_label, check_fault
+from demo.bench.report import shape_label
 from demo.config import DraftShape, GenerationConfig, TreeShape
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
 from demo.methods import (
@@ -94,9 +95,14 @@ class BenchConfig:
         return self.shape.width
 
     @property
+    def drafts_label(self) -> str:
+        """"k=3" or "tree 7 × 8, 64" (depth × top-k, tokens verified per step); '' for target only."""
+        return shape_label({"k": self.k, "shape": asdict(self.shape)}, short=True) if self.k else ""
+
+    @property
     def label(self) -> str:
-        """"EAGLE-3 k=3 · eager": the configuration as a table row names it."""
-        drafts = f" k={self.k}" if self.k else ""
+        """"EAGLE-3 k=3 · eager", "EAGLE-3 tree 7 × 8, 64 · eager": the configuration as a table row names it."""
+        drafts = f" {self.drafts_label}" if self.k else ""
         if self.fault is not None:
             return f"{METHOD_LABELS[self.method]}{drafts} · {capture_label(self.mode)} · {FAULT_SHORT[self.fault]}"
         return f"{METHOD_LABELS[self.method]}{drafts} · {MODE_LABELS[self.mode]}"

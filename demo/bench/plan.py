@@ -1,10 +1,12 @@
-"""What the app's Benchmark tab runs: a plan (methods x modes x k values over some prompts), its
+"""What the app's Benchmark tab runs: a plan (methods x modes x draft shapes over some prompts), its
 checks and its work, the prompts it picks, its run on a Session's engines through demo/bench/cli.py's
 ``measuring`` (demo/bench/measure.py: the CLI's own loop, warm-up and report), and the rows the tab, the chart and the CSV
 show. No Gradio here: demo/ui/bench_tab.py maps these onto components.
 
-Every configuration decodes greedily (T = 0) and drafts a chain of k (draft trees: the CLI's
-``--tree-topk``), after one uncounted warm-up generation, as ``python -m demo.bench`` does by default.
+Every configuration decodes greedily (T = 0), after one uncounted warm-up generation, as ``python -m
+demo.bench`` does by default. A drafting method drafts a chain of k at each chosen k and/or the tree the
+Chat tab drafts by default on the session's device (``default_tree_draft``; other trees: the CLI's
+``--tree-topk`` and ``--num-draft-tokens``).
 A run whose steps are captured (graph mode, or the capture lab's faults: demo/bench/capture_lab.py,
 local mode only) is held to eager's acceptance counts on the same prompts (demo/bench/parity.py), so a
 plan with one measures eager too.
@@ -21,18 +23,29 @@ from demo.bench.faults import FAULT_LABELS, FAULTS
 from demo.bench.measure import measuring
 from demo.bench.parity import parity, parity_sentence
 from demo.bench.report import format_report
-from demo.config import Deadline
+from demo.config import Deadline, TreeShape, default_draft, default_tree
 from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODES
 from demo.service.request import LIMITS, MAX_CHARS_PER_TOKEN, RequestError
 from demo.service.session import Session
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "categories.jsonl"
 WARMUP = 1  # uncounted warm-up generations per configuration (the CLI's --warmup default)
+DRAFT_SHAPES = ("chain", "tree")  # a chain at each chosen k; the device's default tree (default_tree_draft)
+
+
+def default_tree_draft(device_type: str) -> tuple[int, TreeShape]:
+    """(depth, tree) of the tree the Chat tab drafts first on `device_type` at T = 0 (every benchmark
+    decodes greedily): its default draft (demo/config.py), or where that is a chain, its default tree
+    that deep, as the settings panel starts a visitor's tree."""
+    k, tree = default_draft(device_type, 0.0)
+    return k, tree or default_tree(device_type)
 
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """Every (method, mode, k) to measure over the same prompts; target only runs once per mode."""
+    """Every (method, mode, draft shape) to measure over the same prompts; target only runs once per
+    mode. A drafting method drafts a chain at each of `ks` and/or the tree `device_type` drafts by
+    default (`shapes`)."""
 
     methods: tuple[str, ...] = ("none", "eagle3")
     modes: tuple[str, ...] = ("eager",)
@@ -40,29 +53,46 @@ class BenchPlan:
     num_prompts: int = 8
     max_new_tokens: int = 64
     faults: tuple[str, ...] = ()  # the capture lab's runs (demo/bench/faults.py), local mode only
+    # Chains only by default: the tab opens on how acceptance and speed grow with k (its chart), and the
+    # default plan stays within a public CPU's work budget (target only and k = 1, 2, 3 verify 10 tokens
+    # a step; the CPU's tree 6 more would take it past). The tree the Chat tab runs is one tick away.
+    shapes: tuple[str, ...] = ("chain",)
+    device_type: str = "cpu"  # whose default tree "tree" measures: the session's device (Session.device.type)
 
     @classmethod
-    def of(cls, methods, modes, ks, num_prompts, max_new_tokens, faults=()) -> "BenchPlan":
-        """A plan from the tab's values (lists in any order; sliders send floats): methods, modes and
-        faults in METHODS / MODES / FAULTS order, k ascending. Whatever is not allowed stays, for
-        ``check`` to refuse."""
+    def of(cls, methods, modes, ks, num_prompts, max_new_tokens, faults=(), shapes=("chain",),
+           device_type: str = "cpu") -> "BenchPlan":
+        """A plan from the tab's values (lists in any order; sliders send floats): methods, modes,
+        faults and shapes in METHODS / MODES / FAULTS / DRAFT_SHAPES order, k ascending. Whatever is
+        not allowed stays, for ``check`` to refuse."""
         ks = tuple(dict.fromkeys(_whole(k) for k in ks or ()))
         return cls(_ordered(methods, METHODS), _ordered(modes, MODES),
                    tuple(sorted(ks)) if all(isinstance(k, int) for k in ks) else ks,
-                   _whole(num_prompts), _whole(max_new_tokens), _ordered(faults, FAULTS))
+                   _whole(num_prompts), _whole(max_new_tokens), _ordered(faults, FAULTS),
+                   _ordered(shapes, DRAFT_SHAPES), device_type)
+
+    def drafts(self) -> list[dict]:
+        """BenchConfig's draft fields of each drafting configuration: a chain at each k, then the tree."""
+        chains = [dict(num_spec_tokens=k) for k in self.ks] if "chain" in self.shapes else []
+        if "tree" not in self.shapes:
+            return chains
+        depth, tree = default_tree_draft(self.device_type)
+        return chains + [dict(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.num_draft_tokens)]
 
     def configs(self) -> list[BenchConfig]:
-        """Mode by mode: target only, then each drafting method at every k (greedy chains, WARMUP
-        warm-ups; run_plan fills in the models and the prompts), eager among the modes whenever a run
-        is captured (the parity check needs its counts); then the capture lab's runs, each fault at
-        each drafting method and k, in graph mode where the plan has it, else replayed on the CPU."""
+        """Mode by mode: target only, then each drafting method in each draft shape (``drafts``:
+        greedy, WARMUP warm-ups; run_plan fills in the models and the prompts), eager among the modes
+        whenever a run is captured (the parity check needs its counts); then the capture lab's runs,
+        each fault at each drafting method and chain (the lab replays chains), in graph mode where the
+        plan has it, else replayed on the CPU."""
         modes = self.modes
         if ("cudagraph" in modes or self.faults) and "eager" not in modes:
             modes = ("eager",) + modes
         lab_mode = "cudagraph" if "cudagraph" in modes else "eager"
         one = dict(max_new_tokens=self.max_new_tokens, warmup=WARMUP)
-        return [BenchConfig(method=method, mode=mode, num_spec_tokens=k, **one) for mode in modes
-                for method in self.methods for k in ((0,) if method == "none" else self.ks)] + \
+        drafts = self.drafts()
+        return [BenchConfig(method=method, mode=mode, **draft, **one) for mode in modes for method in self.methods
+                for draft in ([dict(num_spec_tokens=0)] if method == "none" else drafts)] + \
                [BenchConfig(method=method, mode=lab_mode, num_spec_tokens=k, fault=fault, **one) for fault in self.faults
                 for method in self.methods if method != "none" for k in self.ks]
 
@@ -71,8 +101,9 @@ class BenchPlan:
         return WARMUP * min(self.max_new_tokens, WARMUP_MAX_NEW_TOKENS)
 
     def work(self, num_prompts: int | None = None) -> int:
-        """Tokens the target may verify in all: per configuration, its tokens per step times the
-        prompts' max new tokens and the warm-up's (Hosting.check_bench_work bounds it)."""
+        """Tokens the target may verify in all: per configuration, its tokens per step (k + 1 for a
+        chain, the tree's tokens verified for a tree, 1 for target only) times the prompts' max new
+        tokens and the warm-up's (Hosting.check_bench_work bounds it)."""
         n = self.num_prompts if num_prompts is None else num_prompts
         return sum(c.width for c in self.configs()) * (n * self.max_new_tokens + self.warmup_tokens)
 
@@ -92,18 +123,33 @@ class BenchPlan:
         if "cudagraph" in self.modes and session.cudagraph_unavailable():
             raise RequestError(f"CUDA graph mode is unavailable: {session.cudagraph_unavailable()}. "
                                "Measure eager mode.")
-        if any(m != "none" for m in self.methods) and not self.ks:
-            raise RequestError("Choose at least one k for the drafting methods.")
+        self._check_shapes(session)
         for fault in self.faults:
             if fault not in FAULTS:
                 raise RequestError(f"Unknown capture fault {fault!r}: choose among "
                                    f"{', '.join(FAULT_LABELS[f] for f in FAULTS)}.")
         if self.faults and all(m == "none" for m in self.methods):
             raise RequestError("A capture fault acts on the drafter's step: choose a drafting method too.")
+        if self.faults and "chain" not in self.shapes:
+            raise RequestError("The capture lab replays chains: choose the chain shape too.")
         for k in self.ks:
             _check_whole("k", k, 1, APP_MAX_SPEC_TOKENS)
         _check_whole("number of prompts", self.num_prompts, 1, 10**6)
         _check_whole("max new tokens", self.max_new_tokens, *LIMITS["max_new_tokens"])
+
+    def _check_shapes(self, session: Session) -> None:
+        if all(m == "none" for m in self.methods):
+            return  # target only drafts nothing: no shape to check
+        if not self.shapes:
+            raise RequestError("Choose at least one draft shape (chain or tree) for the drafting methods.")
+        for shape in self.shapes:
+            if shape not in DRAFT_SHAPES:
+                raise RequestError(f"Unknown draft shape {shape!r}: choose among {', '.join(DRAFT_SHAPES)}.")
+        if "chain" in self.shapes and not self.ks:
+            raise RequestError("Choose at least one k for the drafting methods' chains.")
+        if "tree" in self.shapes and self.device_type != session.device.type:
+            raise RequestError(f"This plan drafts the default tree of a {self.device_type} device, but "
+                               f"{session.name} runs on {session.device.type}.")
 
 
 def _whole(value):
@@ -207,9 +253,25 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
 
 # ---------------------------------------------------------------------- what a run shows
 def eager_report(reports: list[dict], config: dict) -> dict | None:
-    """The run a captured configuration's counts are held to: the same method and k, eager, no fault."""
+    """The run a captured configuration's counts are held to: the same method and draft shape, eager,
+    no fault (a chain of 7 is not a tree 7 deep)."""
     return next((r for r in reports if (c := r["totals"]["config"])["mode"] == "eager" and c.get("fault") is None
-                 and (c["method"], c["k"]) == (config["method"], config["k"])), None)
+                 and (c["method"], c["k"], c.get("shape")) == (config["method"], config["k"], config.get("shape"))),
+                None)
+
+
+def draft_fields(config: dict) -> dict:
+    """A report config's draft shape as BenchConfig's fields: tree_topk and num_draft_tokens of a tree,
+    None for a chain (and target only), so that a row names its shape and a CSV reader can rerun it."""
+    shape = config.get("shape") or {}
+    tree = bool(shape.get("tree")) and shape.get("topk", 1) > 1  # a tree of top-1 is a chain (shape_label)
+    return {"tree_topk": shape["topk"] if tree else None, "num_draft_tokens": shape["nodes"] + 1 if tree else None}
+
+
+def row_config(row: dict) -> BenchConfig:
+    """The configuration a summary or category row measured, as far as its label needs (BenchConfig.label)."""
+    return BenchConfig(method=row["method"], mode=row["mode"], num_spec_tokens=row["k"], fault=row.get("fault"),
+                       tree_topk=row.get("tree_topk"), num_draft_tokens=row.get("num_draft_tokens") or 0)
 
 
 def run_parity(reports: list[dict], report: dict) -> dict | None:
@@ -233,7 +295,7 @@ def summary_rows(reports: list[dict]) -> list[dict]:
         c, s = r["totals"]["config"], r["totals"]["summary"]
         base = baseline.get(c["mode"])
         checked = run_parity(reports, r)
-        rows.append({"method": c["method"], "mode": c["mode"], "k": c["k"], "fault": c.get("fault"),
+        rows.append({"method": c["method"], "mode": c["mode"], "k": c["k"], **draft_fields(c), "fault": c.get("fault"),
                      "parity": checked, "parity_sentence": checked and parity_sentence(checked),
                      "prompts": r["totals"]["num_prompts"],
                      "generated_tokens": s["num_generated"], "mean_acceptance_length": s["mean_acceptance_length"],
@@ -245,9 +307,8 @@ def summary_rows(reports: list[dict]) -> list[dict]:
 
 def category_table(reports: list[dict]) -> list[dict]:
     """One row per configuration and prompt category (bench.category_rows of each report)."""
-    return [{"method": r["totals"]["config"]["method"], "mode": r["totals"]["config"]["mode"],
-             "k": r["totals"]["config"]["k"], "fault": r["totals"]["config"].get("fault"), **row}
-            for r in reports for row in r["totals"]["categories"]]
+    return [{"method": (c := r["totals"]["config"])["method"], "mode": c["mode"], "k": c["k"], **draft_fields(c),
+             "fault": c.get("fault"), **row} for r in reports for row in r["totals"]["categories"]]
 
 
 def report_text(reports: list[dict]) -> str:

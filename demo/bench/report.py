@@ -10,15 +10,19 @@ from demo.kernels.runtime import DEFAULT_KERNELS
 from demo.methods import mode_label
 
 
-def shape_label(config: dict) -> str:
+def shape_label(config: dict, short: bool = False) -> str:
     """"k=7", or "tree depth 6 x top-8, 64 tokens verified per step" (with "drafts sampled from q", and
-    "without replacement"). A tree of top-1 is a chain (sampled chains run on the tree machinery)."""
+    "without replacement"). A tree of top-1 is a chain (sampled chains run on the tree machinery).
+    short: the shape alone as a table row names it, "k=7" or "tree 6 × 8, 64" (depth × top-k, tokens
+    verified per step, the root included)."""
     shape = config.get("shape") or {}
     if not shape.get("tree") or shape.get("topk") == 1:
         label = f"k={config['k']}"
+    elif short:
+        label = f"tree {shape['depth']} × {shape['topk']}, {shape['nodes'] + 1}"
     else:
         label = f"tree depth {shape['depth']} x top-{shape['topk']}, {shape['nodes'] + 1} tokens verified per step"
-    if shape.get("sampled"):
+    if shape.get("sampled") and not short:
         label += ", drafts sampled from q" + (" without replacement" if shape.get("without_replacement") else "")
     return label
 

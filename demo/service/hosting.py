@@ -85,7 +85,7 @@ class Hosting:
         if budget is not None and work > budget:
             raise RequestError(f"This benchmark would have the target verify up to {work:,} tokens; this public app "
                                f"allows {budget:,} per run. Choose fewer prompts, fewer max new tokens, or fewer "
-                               "methods, modes or k values.")
+                               "methods, modes, draft shapes or k values.")
 
     def time_limit(self) -> float | None:
         """Public: the seconds one request may hold the engine (None: no limit)."""

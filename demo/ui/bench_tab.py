@@ -1,20 +1,22 @@
-"""The Benchmark tab: measure methods x modes x k values over a prompt set with the visitor's models,
-and show what ``python -m demo.bench`` prints, a table per configuration and per prompt category, a
-chart against k, and a CSV download.
+"""The Benchmark tab: measure methods x modes x draft shapes (a chain at each chosen k, the device's
+default tree) over a prompt set with the visitor's models, and show what ``python -m demo.bench``
+prints, a table per configuration and per prompt category, a chart against k (a tree: its depth), and
+a CSV download.
 
 A layout builder that returns the components (``build_bench_tab``), then one function that
 registers the tab's listeners (``register``).
 The plan, its checks and its run are demo/bench/plan.py's; the chart demo/ui/bench_figures.py's; the
 CSV demo/service/export.py's; the public work budget demo/service/hosting.py's. In local mode the
-capture lab's fault switch (demo/bench/faults.py) adds captured runs, each held to eager's counts by the
-parity check, and their panel (demo/ui/html/lab.py); a public app builds neither. A run holds the engine like a chat
-reply (the same concurrency group) and stops between two prompts when the visitor presses Stop.
+capture lab's fault switch (demo/bench/faults.py) adds captured runs of the chains, each held to eager's
+counts by the parity check, and their panel (demo/ui/html/lab.py); a public app builds neither. A run
+holds the engine like a chat reply (the same concurrency group) and stops between two prompts when the
+visitor presses Stop.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gradio as gr
@@ -27,8 +29,10 @@ from demo.bench.plan import (
     BenchPlan,
     category_table,
     check_prompts,
+    default_tree_draft,
     pick_prompts,
     report_text,
+    row_config,
     run_plan,
     summary_rows,
 )
@@ -55,11 +59,14 @@ SUMMARY_HEADERS = ["configuration", "prompts", "tokens", "mean acceptance length
 SUMMARY_WIDTHS = ["17%", "6%", "6%", "9%", "12%", "7%", "9%", "8%", "8%", "18%"]
 CATEGORY_HEADERS = ["configuration", "category", "prompts", "mean acceptance length", "tokens/s"]
 ABOUT = ("Measures each configuration over the same prompts with the engine the chat uses, as `python -m demo.bench` "
-         "does: greedy (T = 0), a chain of k drafts per step, one uncounted warm-up generation per configuration, "
-         "the first turn of each question. **Mean acceptance length** = tokens per target forward, 1 + accepted / "
-         "drafts (it includes the target's own token); **acceptance at draft i** = share of steps whose first i "
-         "drafts were all accepted; **tokens/s** = generated tokens per second of engine time. Prompts are taken in "
-         "turn from each category. Draft trees: the CLI's `--tree-topk`.")
+         "does: greedy (T = 0), one uncounted warm-up generation per configuration, the first turn of each question. "
+         "Each drafting method drafts, per step, a **chain** of k drafts at each chosen k and/or the **tree** the Chat "
+         "tab drafts by default on this device (*tree d × K, N*: d deep, the top K children of each expanded node, N "
+         "tokens verified per step, the root included). **Mean acceptance length** = tokens per target forward, 1 + "
+         "accepted / drafts (it includes the target's own token); **acceptance at draft i** = share of steps whose "
+         "first i drafts were all accepted (a tree's: along its accepted path, i deep); **tokens/s** = generated "
+         "tokens per second of engine time. Prompts are taken in turn from each category. Other trees: the CLI's "
+         "`--tree-topk` and `--num-draft-tokens`.")
 
 
 @dataclass
@@ -71,6 +78,7 @@ class BenchControls:
     prompt_note: gr.Markdown
     methods: gr.CheckboxGroup
     modes: gr.CheckboxGroup
+    shapes: gr.CheckboxGroup
     ks: gr.CheckboxGroup
     num_prompts: gr.Slider
     max_new_tokens: gr.Slider
@@ -88,7 +96,8 @@ class BenchControls:
 
     @property
     def plan_inputs(self) -> list:
-        return [self.methods, self.modes, self.ks, self.num_prompts, self.max_new_tokens] + \
+        """The plan's components, in tab_plan's order."""
+        return [self.methods, self.modes, self.shapes, self.ks, self.num_prompts, self.max_new_tokens] + \
             ([self.faults] if self.faults is not None else [])
 
     @property
@@ -115,6 +124,19 @@ def mode_options(session: Session) -> dict:
     return dict(choices=[(MODE_LABELS[m], m) for m in modes], value=["eager"],
                 info=f"CUDA graph unavailable: {unavailable}." if unavailable else "CUDA graph: steps replayed from "
                 "graphs captured in the warm-up")
+
+
+def shape_options(session: Session) -> dict:
+    """Chain and this device's default tree, named by its shape (BenchConfig.drafts_label)."""
+    depth, tree = default_tree_draft(session.device.type)
+    name = BenchConfig(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.num_draft_tokens).drafts_label
+    return dict(choices=[("chain, at each k", "chain"), (f"{name} (the Chat tab's default here)", "tree")],
+                value=list(DEFAULT_PLAN.shapes))
+
+
+def tab_plan(device_type: str, methods, modes, shapes, ks, num_prompts, max_new_tokens, faults=()) -> BenchPlan:
+    """The plan of the tab's values (BenchControls.plan_inputs), its tree the default of `device_type`."""
+    return BenchPlan.of(methods, modes, ks, num_prompts, max_new_tokens, faults, shapes, device_type)
 
 
 def prompt_set(path: str | None) -> tuple[list[dict], str]:
@@ -144,8 +166,8 @@ def work_note(plan: BenchPlan, num_questions: int, budget: int | None) -> str:
         work, configs = plan.work(n), len(plan.configs())
     except TypeError:  # a k that is not a number: the run refuses it in a sentence
         return ""
-    rule = (f"(prompts x max new tokens + {plan.warmup_tokens} warm-up tokens) x tokens verified per step (k + 1; "
-            "1 for target only), summed over the configurations")
+    rule = (f"(prompts x max new tokens + {plan.warmup_tokens} warm-up tokens) x tokens verified per step (a "
+            "chain's k + 1, a tree's N, target only's 1), summed over the configurations")
     if budget is None:
         return f"{configs} configuration(s); the target verifies up to {work:,} tokens ({rule})."
     verdict = "within" if work <= budget else "**over**"
@@ -154,7 +176,7 @@ def work_note(plan: BenchPlan, num_questions: int, budget: int | None) -> str:
 
 
 def row_label(r: dict) -> str:
-    return BenchConfig(method=r["method"], mode=r["mode"], num_spec_tokens=r["k"], fault=r.get("fault")).label
+    return row_config(r).label
 
 
 def summary_table(rows: list[dict]) -> list[list]:
@@ -188,19 +210,25 @@ def build_bench_tab(session: Session, hosting: Hosting) -> BenchControls:
                 prompts = gr.Markdown(prompt_note(questions, source), elem_id="sl-bench-prompts")
                 methods = gr.CheckboxGroup(label="Methods", elem_id="sl-bench-methods", **method_options(session))
                 modes = gr.CheckboxGroup(label="Modes", elem_id="sl-bench-modes", **mode_options(session))
+                shapes = gr.CheckboxGroup(label="Draft shapes", elem_id="sl-bench-shapes",
+                                          info="chain: k drafts in a row, at each k below; tree d × K, N: d deep, "
+                                               "top-K children per node, N tokens verified per step",
+                                          **shape_options(session))
                 ks = gr.CheckboxGroup([(str(k), k) for k in range(1, APP_MAX_SPEC_TOKENS + 1)],
                                       value=list(DEFAULT_PLAN.ks),
-                                      label="k values (draft tokens per step)", elem_id="sl-bench-ks")
+                                      label="k values (a chain's draft tokens per step)", elem_id="sl-bench-ks")
                 faults = None if hosting.public else gr.CheckboxGroup(
                     [(FAULT_LABELS[f], f) for f in FAULTS], value=[], elem_id="sl-bench-faults",
-                    label="Capture lab (local only): each drafting configuration again with its steps captured",
+                    label="Capture lab (local only): each drafting chain again with its steps captured",
                     info="CUDA graphs where the plan has them, else replayed by a CPU stand-in; with a capture fault, "
-                         "or none. Each is held to eager's acceptance counts (the parity check).")
+                         "or none. Each is held to eager's acceptance counts (the parity check). The lab replays "
+                         "chains only, not the tree.")
                 num_prompts = gr.Slider(1, len(questions), value=DEFAULT_PLAN.num_prompts, step=1,
                                         label="Number of prompts", elem_id="sl-bench-num-prompts")
                 max_new_tokens = gr.Slider(1, 512, value=DEFAULT_PLAN.max_new_tokens, step=1, label="Max new tokens",
                                            elem_id="sl-bench-max-new")
-                work = gr.Markdown(work_note(DEFAULT_PLAN, len(questions), hosting.bench_budget(session.device)),
+                plan = replace(DEFAULT_PLAN, device_type=session.device.type)
+                work = gr.Markdown(work_note(plan, len(questions), hosting.bench_budget(session.device)),
                                    elem_id="sl-bench-work")
                 with gr.Row():
                     run = gr.Button("Run benchmark", variant="primary", elem_id="sl-bench-run")
@@ -219,9 +247,9 @@ def build_bench_tab(session: Session, hosting: Hosting) -> BenchControls:
                     report = gr.Code("", language=None, label="acceptance table per configuration", interactive=False,
                                      elem_id="sl-bench-report")
     return BenchControls(model_note=note, prompt_file=prompt_file, prompt_note=prompts, methods=methods, modes=modes,
-                         ks=ks, num_prompts=num_prompts, max_new_tokens=max_new_tokens, work=work, run=run, stop=stop,
-                         status=status, summary=summary, categories=categories, chart=chart, report=report, csv=csv,
-                         faults=faults, lab=lab)
+                         shapes=shapes, ks=ks, num_prompts=num_prompts, max_new_tokens=max_new_tokens, work=work,
+                         run=run, stop=stop, status=status, summary=summary, categories=categories, chart=chart,
+                         report=report, csv=csv, faults=faults, lab=lab)
 
 
 # ---------------------------------------------------------------------- listeners
@@ -234,14 +262,14 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         except (PromptFileError, OSError) as e:
             raise RequestError(str(e)) from None
 
-    def run_benchmark(name, path, methods, modes, ks, num_prompts, max_new_tokens, faults=(),
+    def run_benchmark(name, path, methods, modes, shapes, ks, num_prompts, max_new_tokens, faults=(),
                       progress=gr.Progress()):
         """Check the plan, then measure it, saying which prompt of which configuration runs; at the end
         the tables, the chart, the CLI's report, the CSV and (local mode) the capture lab's panel."""
         try:
             session = visitor_session(cache, name)
             questions, source = questions_of(path)
-            plan = BenchPlan.of(methods, modes, ks, num_prompts, max_new_tokens, faults)
+            plan = tab_plan(session.device.type, methods, modes, shapes, ks, num_prompts, max_new_tokens, faults)
             if plan.faults and hosting.public:  # never offered there: the shared engines stay as they are
                 raise RequestError("The capture lab runs in local mode only.")
             plan.check(session)
@@ -277,10 +305,11 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
             gr.Warning(str(e))
             return {b.prompt_note: f"⚠ {escape(str(e))}", b.num_prompts: gr.skip(), b.work: gr.skip()}
         n = min(DEFAULT_PLAN.num_prompts, len(questions))
-        plan = BenchPlan.of(*plan_values[:3], n, *plan_values[4:])
+        session = shown_session(cache, name)
+        plan = replace(tab_plan(session.device.type, *plan_values), num_prompts=n)
         return {b.prompt_note: prompt_note(questions, source),
                 b.num_prompts: gr.Slider(maximum=max(len(questions), 2), value=n),
-                b.work: work_note(plan, len(questions), hosting.bench_budget(shown_session(cache, name).device))}
+                b.work: work_note(plan, len(questions), hosting.bench_budget(session.device))}
 
     def plan_work(name, path, *plan_values):
         """The work line for the plan as it stands (no engine, no file read beyond the prompt count)."""
@@ -288,7 +317,9 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
             questions, _ = questions_of(path)
         except RequestError:
             return gr.skip()
-        return work_note(BenchPlan.of(*plan_values), len(questions), hosting.bench_budget(shown_session(cache, name).device))
+        session = shown_session(cache, name)
+        plan = tab_plan(session.device.type, *plan_values)
+        return work_note(plan, len(questions), hosting.bench_budget(session.device))
 
     def bench_stopped():
         return status_html("stopped", "done")
@@ -297,7 +328,8 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         """The visitor chose other models in the Chat tab: what this tab offers follows them."""
         session = shown_session(cache, name)
         return {b.model_note: model_note(session), b.methods: gr.CheckboxGroup(**method_options(session)),
-                b.modes: gr.CheckboxGroup(**mode_options(session))}
+                b.modes: gr.CheckboxGroup(**mode_options(session)),
+                b.shapes: gr.CheckboxGroup(**shape_options(session))}
 
     ui = PRIVATE
     inputs = [model, b.prompt_file, *b.plan_inputs]
@@ -308,4 +340,5 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
                          outputs=[b.prompt_note, b.num_prompts, b.work], **ui)
     for component in b.plan_inputs:
         component.change(plan_work, inputs=inputs, outputs=[b.work], queue=False, show_progress="hidden", **ui)
-    model.change(models_changed, inputs=[model], outputs=[b.model_note, b.methods, b.modes], queue=False, **ui)
+    model.change(models_changed, inputs=[model], outputs=[b.model_note, b.methods, b.modes, b.shapes], queue=False,
+                 **ui)

@@ -4,6 +4,8 @@ always says "a" and EAGLE-1 always drafts "a", so every EAGLE draft is accepted.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from demo.bench.config import BenchConfig
@@ -11,11 +13,14 @@ from demo.bench.plan import (
     BenchPlan,
     category_table,
     check_prompts,
+    default_tree_draft,
+    eager_report,
     pick_prompts,
     report_text,
     run_plan,
     summary_rows,
 )
+from demo.config import default_draft, default_tree
 from demo.metrics import AcceptanceStats
 from demo.service.chat import StepPoint
 from demo.service.hosting import BENCH_WORK_BUDGET, Hosting
@@ -25,6 +30,7 @@ from demo.ui.bench_figures import bench_figure
 from tests.tiny_chat import tiny_session
 
 QUESTIONS = [{"question_id": i, "category": c, "turns": ["Say a"]} for i, c in enumerate("xxxyyz", 1)]
+DEVICE_IDS = ["a-cpus-tree", "a-gpus-tree"]  # plain data of each device; an id "cuda" would mark a test for a GPU
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +49,68 @@ def test_configs_measure_target_only_once_per_mode_and_each_method_at_every_k():
     assert BenchConfig(method="none", mode="cudagraph", num_spec_tokens=0).label == "target only · CUDA graph"
 
 
+def test_a_rows_label_names_a_tree_by_depth_top_k_and_tokens_verified_and_a_tree_of_top_1_a_chain():
+    assert BenchConfig(method="eagle3", num_spec_tokens=7, tree_topk=8, num_draft_tokens=64).label == \
+        "EAGLE-3 tree 7 × 8, 64 · eager"
+    # num_draft_tokens 0 verifies every candidate: 2 + 2 x 2 x 2 nodes and the root
+    assert BenchConfig(method="eagle", num_spec_tokens=3, tree_topk=2).label == "EAGLE tree 3 × 2, 11 · eager"
+    assert BenchConfig(method="eagle3", num_spec_tokens=3, tree_topk=1).label == "EAGLE-3 k=3 · eager"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"], ids=DEVICE_IDS)
+def test_the_tree_shape_measures_the_chat_tabs_default_tree_of_the_device_after_the_chains(device):
+    k, tree = default_draft(device, 0.0)  # the Chat tab's first draft here: a tree at T = 0 on both devices
+    assert tree is not None and default_tree_draft(device) == (k, tree)
+    plan = BenchPlan.of(["eagle3", "none"], ["eager"], [3, 1], 8, 48, shapes=["tree", "chain"], device_type=device)
+    assert plan.shapes == ("chain", "tree")
+    assert [(c.method, c.k, c.tree) for c in plan.configs()] == [
+        ("none", 0, None), ("eagle3", 1, None), ("eagle3", 3, None), ("eagle3", k, tree)]  # target only: no shape
+    assert plan.configs()[-1].label == f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens} · eager"
+    alone = BenchPlan(methods=("none", "eagle"), ks=(), shapes=("tree",), device_type=device)
+    assert [(c.method, c.k, c.tree) for c in alone.configs()] == [("none", 0, None), ("eagle", k, tree)]
+    assert BenchPlan().shapes == ("chain",)  # the default plan measures chains (its comment says why)
+
+
+def test_where_a_devices_first_draft_is_a_chain_its_tree_is_the_default_tree_that_deep(monkeypatch):
+    from demo import config
+
+    monkeypatch.setitem(config.DEFAULT_DRAFTS, "cpu", (3, None))
+    assert default_tree_draft("cpu") == (3, default_tree("cpu"))  # as the settings panel starts a visitor's tree
+
+
 def test_work_counts_every_configurations_verified_tokens_warm_up_included():
     plan = BenchPlan(methods=("none", "eagle3"), ks=(1, 2), num_prompts=5, max_new_tokens=64)
     # widths 1 (target only) + 2 + 3 = 6 tokens per step; 5 prompts x 64 tokens + one 16-token warm-up
     assert plan.work() == 6 * (5 * 64 + 16)
     assert plan.work(num_prompts=2) == 6 * (2 * 64 + 16)
     assert BenchPlan(methods=("none",), num_prompts=2, max_new_tokens=8).work() == 1 * (2 * 8 + 8)  # warm-up <= max new
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"], ids=DEVICE_IDS)
+def test_work_counts_a_trees_tokens_verified_per_step(device):
+    _, tree = default_tree_draft(device)  # its width: num_draft_tokens rows a step, the root included
+    assert tree.num_draft_tokens > 0
+    plan = BenchPlan(methods=("none", "eagle3"), ks=(1, 2), shapes=("chain", "tree"), num_prompts=5,
+                     max_new_tokens=64, device_type=device)
+    assert plan.work() == (1 + 2 + 3 + tree.num_draft_tokens) * (5 * 64 + 16)
+    tree_only = BenchPlan(methods=("eagle", "eagle3"), ks=(1, 2), shapes=("tree",), num_prompts=5, max_new_tokens=64,
+                          device_type=device)
+    assert tree_only.work() == 2 * tree.num_draft_tokens * (5 * 64 + 16)  # the unused ks count nothing
+
+
+@pytest.mark.parametrize("device, methods", [("cpu", ("none", "eagle3")), ("cuda", ("none", "eagle", "eagle3"))],
+                         ids=DEVICE_IDS)
+def test_a_public_benchmark_whose_chains_fit_the_budget_is_refused_once_it_adds_the_tree(device, methods):
+    import torch
+
+    hosting, on = Hosting(public=True), torch.device(device)
+    chains = BenchPlan(methods=methods, ks=(1, 2, 3), num_prompts=8, max_new_tokens=48, device_type=device)
+    hosting.check_bench_work(chains.work(), on)  # within the budget
+    trees = BenchPlan(**{**chains.__dict__, "shapes": ("chain", "tree")})
+    assert trees.work() > hosting.bench_budget(on)
+    with pytest.raises(RequestError, match=f"^This benchmark would have the target verify up to {trees.work():,} "
+                                           f"tokens; this public app allows {hosting.bench_budget(on):,} per run"):
+        hosting.check_bench_work(trees.work(), on)
 
 
 def test_a_plan_from_the_tabs_values_is_ordered_and_whole():
@@ -66,12 +128,22 @@ def test_a_plan_from_the_tabs_values_is_ordered_and_whole():
     (dict(num_prompts=2.5), "number of prompts = 2.5 is not allowed"),
     (dict(modes=("eager", "cudagraph")), "CUDA graph mode is unavailable: CUDA graphs need a CUDA GPU"),
     (dict(methods=("medusa",)), "tiny has no 'medusa' drafter loaded"),
+    (dict(shapes=()), "Choose at least one draft shape (chain or tree) for the drafting methods."),
+    (dict(shapes=("chain", "star")), "Unknown draft shape 'star': choose among chain, tree."),
+    (dict(ks=(), shapes=("chain", "tree")), "Choose at least one k for the drafting methods' chains."),
+    (dict(shapes=("tree",), device_type="cuda"), "This plan drafts the default tree of a cuda device, but tiny runs "
+                                                 "on cpu."),
 ])
 def test_a_plan_the_session_cannot_run_is_refused_in_a_sentence(session, values, message):
     plan = BenchPlan.of(**{**dict(methods=("none", "eagle"), modes=("eager",), ks=(1,), num_prompts=2,
                                   max_new_tokens=8), **values})
-    with pytest.raises(RequestError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(RequestError, match="^" + re.escape(message)):
         plan.check(session)
+
+
+def test_a_plan_of_trees_needs_no_k_and_target_only_needs_no_shape(session):
+    BenchPlan(methods=("none", "eagle"), ks=(), shapes=("tree",), num_prompts=2, max_new_tokens=8).check(session)
+    BenchPlan(methods=("none",), ks=(), shapes=(), num_prompts=2, max_new_tokens=8).check(session)
 
 
 def test_a_drafter_the_models_lack_is_refused_naming_what_is_loaded(session, monkeypatch):
@@ -123,6 +195,38 @@ def test_a_run_measures_every_configuration_and_reports_as_the_cli(session):
     assert "3 prompts, max_new_tokens 9" in text and "acceptance at token 2: 1.00" in text
 
 
+def test_a_tree_run_is_a_row_of_its_own_named_by_its_shape_beside_the_chain_as_deep(session):
+    depth, tree = default_tree_draft("cpu")
+    plan = BenchPlan(methods=("eagle",), ks=(depth,), shapes=("chain", "tree"), num_prompts=2,
+                     max_new_tokens=1 + 2 * (depth + 1))  # the prefill's token, then two whole steps
+    plan.check(session)
+    reports = list(run_plan(session, plan, pick_prompts(QUESTIONS, 2), "tiny.jsonl"))[-1].reports
+    rows = summary_rows(reports)
+    assert [(r["k"], r["tree_topk"], r["num_draft_tokens"]) for r in rows] == [
+        (depth, None, None), (depth, tree.topk, tree.num_draft_tokens)]
+    # EAGLE drafts "a" first and the target says "a": the chain accepts all its drafts; the tree verifies
+    # its best-scored nodes, which with the drafter's logits all 0 (every candidate as likely) are the
+    # shallowest, so it accepts fewer a step, but some
+    chain, tree_row = rows
+    assert chain["mean_acceptance_length"] == depth + 1 and chain["acceptance_per_position"] == [1.0] * depth
+    assert 1 < tree_row["mean_acceptance_length"] <= depth + 1 and len(tree_row["acceptance_per_position"]) == depth
+    assert {(c["k"], c["tree_topk"], c["category"]) for c in category_table(reports)} == {
+        (depth, t, cat) for t in (None, tree.topk) for cat in "xy"}
+    assert f"tree depth {depth} x top-{tree.topk}, {tree.num_draft_tokens} tokens verified per step" in \
+        report_text(reports)  # the CLI's words for the tree
+
+
+def test_a_captured_tree_is_held_to_the_eager_tree_not_to_the_chain_as_deep():
+    def report(mode, shape):
+        return {"totals": {"config": {"method": "eagle3", "mode": mode, "k": 4, "fault": None, "shape": shape}}}
+
+    chain = dict(depth=4, topk=1, nodes=4, tree=False)
+    tree = dict(depth=4, topk=2, nodes=5, tree=True)
+    reports = [report("eager", chain), report("eager", tree), report("cudagraph", chain), report("cudagraph", tree)]
+    assert eager_report(reports, reports[3]["totals"]["config"]) is reports[1]
+    assert eager_report(reports, reports[2]["totals"]["config"]) is reports[0]
+
+
 def test_stopping_a_run_stops_it_between_two_prompts(session, monkeypatch):
     from demo.bench import measure
 
@@ -149,6 +253,19 @@ def test_the_chart_draws_each_method_and_mode_against_k_and_keeps_the_png_button
     assert len(baseline) == 1 and list(baseline[0].y) == [20.0, 20.0] and baseline[0].line.dash == "dash"
     assert "toImage" not in fig.layout.modebar.remove
     assert bench_figure([]).layout.annotations[-1].text == "no benchmark yet"
+
+
+def test_the_chart_draws_a_tree_as_a_point_at_its_depth_named_by_its_shape_beside_the_chains_line():
+    rows = [dict(method="none", mode="eager", k=0, mean_acceptance_length=1.0, tokens_per_s=20.0),
+            dict(method="eagle3", mode="eager", k=1, mean_acceptance_length=1.7, tokens_per_s=24.0),
+            dict(method="eagle3", mode="eager", k=3, mean_acceptance_length=2.5, tokens_per_s=29.0),
+            dict(method="eagle3", mode="eager", k=4, tree_topk=2, num_draft_tokens=6, mean_acceptance_length=3.1,
+                 tokens_per_s=31.0)]
+    traces = {(t.name, t.xaxis): t for t in bench_figure(rows).data if t.name}
+    assert list(traces[("EAGLE-3 · eager", "x")].x) == [1, 3]  # the chain's line, without the tree
+    point = traces[("EAGLE-3 tree 4 × 2, 6 · eager", "x")]
+    assert (list(point.x), list(point.y), point.mode) == ([4], [3.1], "markers")
+    assert list(traces[("EAGLE-3 tree 4 × 2, 6 · eager", "x2")].y) == [31.0]
 
 
 def test_every_chart_keeps_plotlys_download_as_png_button():

@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from demo.bench.plan import BenchPlan, run_plan, summary_rows
+from demo.bench.plan import BenchPlan, default_tree_draft, run_plan, summary_rows
 from demo.engine import Engine
 from demo.service.export import bench_csv
 from demo.service.request import RequestError
@@ -38,9 +38,18 @@ def test_a_plan_with_faults_measures_eager_too_then_each_fault_at_each_drafting_
     assert BenchPlan().configs() == BenchPlan.of(("none", "eagle3"), ("eager",), (1, 2, 3), 8, 64).configs()
 
 
+def test_the_capture_lab_replays_the_chains_of_a_plan_that_measures_the_tree_too():
+    depth, tree = default_tree_draft("cpu")
+    plan = BenchPlan(methods=("eagle3",), ks=(3,), shapes=("chain", "tree"), faults=("none",), device_type="cpu")
+    assert [c.label for c in plan.configs()] == [
+        "EAGLE-3 k=3 · eager", f"EAGLE-3 tree {depth} × {tree.topk}, {tree.num_draft_tokens} · eager",
+        "EAGLE-3 k=3 · replayed · no fault"]
+
+
 @pytest.mark.parametrize("values, message", [
     (dict(faults=("hot-cache",)), "Unknown capture fault 'hot-cache': choose among no fault, catch-up features"),
     (dict(methods=("none",), faults=("none",)), "A capture fault acts on the drafter's step"),
+    (dict(shapes=("tree",), faults=("none",)), "The capture lab replays chains: choose the chain shape too."),
 ])
 def test_a_fault_the_plan_cannot_run_is_refused_in_a_sentence(session, values, message):
     plan = BenchPlan(**{**dict(methods=("none", "eagle"), ks=(3,), num_prompts=2, max_new_tokens=8), **values})

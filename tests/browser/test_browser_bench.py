@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 
+from demo.config import default_draft
 from tests.browser import driver as browser
 from tests.browser.driver import click, css, type_and_generate, usable, wait_for
 
@@ -64,6 +65,30 @@ def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_
         rows = list(csv.DictReader(f))
     assert [(r["method"], r["k"], r["category"]) for r in rows[:2]] == [("none", "0", "all"), ("eagle3", "2", "all")]
     assert float(rows[1]["mean_acceptance_length"]) >= 1.0 and rows[1]["prompts"] == "2"
+
+
+def test_ticking_tree_measures_the_chat_tabs_default_tree_in_a_row_named_by_its_shape(app_url, driver):
+    k, tree = default_draft("cpu")  # what the Chat tab drafts first at T = 0 on this app's device, a CPU
+    label = f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens} · eager"
+    driver.get(app_url)
+    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
+    usable(driver, "#sl-bench-run")
+    for group, wanted in (("#sl-bench-methods", lambda text: text in ("target only", "EAGLE-3")),
+                          ("#sl-bench-shapes", lambda text: text.startswith("tree"))):  # the tree, no chain
+        labels = wait_for(lambda: css(driver, f"{group} label"), 30, f"the choices of {group}")
+        for choice in labels:
+            if choice.find_element("css selector", "input").is_selected() != wanted(choice.text.strip()):
+                click(driver, choice)
+    set_number(driver, "#sl-bench-num-prompts", 2)
+    set_number(driver, "#sl-bench-max-new", 8)
+    wait_for(lambda: "2 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
+    click(driver, "#sl-bench-run")
+
+    wait_for(lambda: "done: 2 configuration(s)" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark")
+    assert label in css(driver, "#sl-bench-summary")[0].text and label in css(driver, "#sl-bench-categories")[0].text
+    assert label in [t.text for t in css(driver, "#sl-bench-chart .legendtext")]  # the chart's point, by name
+    assert f"tree depth {k} x top-{tree.topk}, {tree.num_draft_tokens} tokens verified per step" in \
+        css(driver, "#sl-bench-report")[0].text  # the bench CLI's own words for the shape
 
 
 def test_a_finished_reply_downloads_as_a_trace_of_its_steps(app_url, driver, tmp_path):

@@ -11,6 +11,7 @@ import threading
 
 import httpx
 
+from demo.bench.plan import BenchPlan, default_tree_draft
 from demo.engine import Engine
 from demo.service.engine_thread import run_on_engine_thread
 from demo.service.hosting import BENCH_WORK_BUDGET
@@ -35,6 +36,34 @@ def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(pub
         rows = list(csv.DictReader(io.StringIO(http.get(out["sl-bench-csv"]["value"]["url"], timeout=30).text)))
         assert [(r["method"], r["k"], r["category"]) for r in rows][:2] == [("none", "0", "all"), ("eagle", "2", "all")]
         assert len(rows) == 2 + 4 and rows[1]["mean_acceptance_length"] == "3.0"
+
+
+def test_a_tree_benchmark_shows_a_row_named_by_the_trees_shape_and_a_csv_that_can_rerun_it(public_app):
+    demo, url = public_app
+    depth, tree = default_tree_draft("cpu")  # the public tiny app runs on a CPU
+    label = f"EAGLE tree {depth} × {tree.topk}, {tree.num_draft_tokens} · eager"
+    with httpx.Client() as http:
+        out = ui_event(http, url, demo, "run_benchmark", "bench-tree", client(5), {**SMALL, "sl-bench-shapes": ["tree"]})
+        assert "error" not in out, out
+        assert [row[0] for row in out["sl-bench-summary"]["data"]] == ["target only · eager", label]
+        assert {row[0] for row in out["sl-bench-categories"]["data"]} == {"target only · eager", label}
+        rows = list(csv.DictReader(io.StringIO(http.get(out["sl-bench-csv"]["value"]["url"], timeout=30).text)))
+    assert [(r["method"], r["k"], r["tree_topk"], r["num_draft_tokens"]) for r in rows][:2] == [
+        ("none", "0", "", ""), ("eagle", str(depth), str(tree.topk), str(tree.num_draft_tokens))]
+
+
+def test_a_tree_that_takes_a_plan_past_the_public_budget_is_refused_with_a_sentence(public_app):
+    demo, url = public_app
+    values = {**SMALL, "sl-bench-ks": [1, 2, 3], "sl-bench-num-prompts": 8, "sl-bench-max-new": 48}
+    chains = BenchPlan(("none", "eagle"), ("eager",), (1, 2, 3), 8, 48)
+    trees = BenchPlan(("none", "eagle"), ("eager",), (1, 2, 3), 8, 48, shapes=("chain", "tree"))
+    assert chains.work() <= BENCH_WORK_BUDGET["cpu"] < trees.work()  # the tree's tokens verified tip it over
+    with httpx.Client() as http:
+        out = ui_event(http, url, demo, "run_benchmark", "bench-over", client(6),
+                       {**values, "sl-bench-shapes": ["chain", "tree"]})
+    assert out["error"] == (f"This benchmark would have the target verify up to {trees.work():,} tokens; this public "
+                            f"app allows {BENCH_WORK_BUDGET['cpu']:,} per run. Choose fewer prompts, fewer max new "
+                            "tokens, or fewer methods, modes, draft shapes or k values."), out
 
 
 def test_a_benchmark_decodes_on_the_engine_thread_as_the_chat_does(public_app, monkeypatch):
