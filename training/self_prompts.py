@@ -11,12 +11,13 @@ A sampled turn is kept when it ended at the stop token (a turn cut at --max-new-
 whole question), has at least --min-chars characters once stripped, was not kept before (compared
 case- and whitespace-folded) and is none of the validation prompts: the ShareGPT hold-out
 (--holdout, an exported prompt directory) and every turn of the question files given with
---exclude-questions (the bundled sets in assets/prompts/). Kept turns are written as single-turn
+--exclude-questions (the project's bundled question sets: the caller names them, as this
+pipeline never reads a validation set otherwise). Kept turns are written as single-turn
 chat prompts, the format of ``training.data prompts``, so ``regen --prompts`` answers them as it is;
 their source index is -1 (from no ShareGPT record) and their meta records the hold-out's fingerprint.
 
     python -m training.self_prompts --out artifacts/self-prompts --num 120000 --cuda-graph \\
-        --holdout artifacts/prompts/holdout --exclude-questions assets/prompts/*.jsonl
+        --holdout artifacts/prompts/holdout --exclude-questions QUESTION_FILES...
 """
 
 from __future__ import annotations
