@@ -55,7 +55,7 @@ def bench_figure(rows: list[dict]) -> go.Figure:
                       legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0),
                       hovermode="closest", modebar=dict(remove=MODEBAR_REMOVE))
     fig.update_annotations(font_size=13)
-    fig.update_xaxes(title_text="k (a chain's draft tokens per step, a tree's depth; 0: target only)",
+    fig.update_xaxes(title_text="k, or a tree's depth (0: target only)",  # two panels side by side: short
                      tickmode="array", tickvals=ks or [0], rangemode="tozero")
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="tokens per target forward", row=1, col=1)

@@ -56,7 +56,9 @@ DEFAULT_PLAN = BenchPlan(methods=("none", "eagle3"), modes=("eager",), ks=(1, 2,
 SUMMARY_HEADERS = ["configuration", "prompts", "tokens", "mean acceptance length", "acceptance at draft 1..k",
                    "tokens/s", "speedup vs target only", "propose ms/step", "verify ms/step",
                    "parity (captured = eager)"]
-SUMMARY_WIDTHS = ["17%", "6%", "6%", "9%", "12%", "7%", "9%", "8%", "8%", "18%"]
+# In pixels, each as wide as its longest word or number: shares of a narrow column cut "prompts" to "pro"
+# and split "33.7" over two lines; a table wider than its column scrolls sideways instead.
+SUMMARY_WIDTHS = ["160px", "76px", "64px", "96px", "120px", "76px", "80px", "76px", "72px", "128px"]
 CATEGORY_HEADERS = ["configuration", "category", "prompts", "mean acceptance length", "tokens/s"]
 ABOUT = ("Measures each configuration over the same prompts with the engine the chat uses, as `python -m demo.bench` "
          "does: greedy (T = 0), one uncounted warm-up generation per configuration, the first turn of each question. "

@@ -107,3 +107,58 @@ def test_a_finished_reply_downloads_as_a_trace_of_its_steps(app_url, driver, tmp
     assert trace["settings"]["max_new_tokens"] == 8 and trace["environment"]["device"] == "cpu"
     assert [s["step"] for s in trace["steps"]] == list(range(len(trace["steps"])))
     assert "".join(t["text"] for s in trace["steps"] for t in s["emitted"]).strip() == reply.strip()
+
+
+CLIPPED_OR_BROKEN_JS = """
+const bad = [];
+for (const cell of document.querySelectorAll(arguments[0] + ' th, ' + arguments[0] + ' [role=gridcell]')) {
+  const clip = (cell.querySelector('.header-content, .cell-wrap') || cell).getBoundingClientRect();
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT), tops = new Set();
+  const text = cell.textContent.replace('⋮', '').trim();
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (node.parentElement.closest('button')) continue;  // the column menu's button
+    for (const word of node.data.matchAll(/\\S+/g)) {  // each word whole inside the box that clips it
+      const range = document.createRange();
+      range.setStart(node, word.index);
+      range.setEnd(node, word.index + word[0].length);
+      for (const r of range.getClientRects()) {
+        tops.add(Math.round(r.top));
+        if (r.right > clip.right + 0.5 || r.left < clip.left - 0.5) bad.push('clipped: ' + text);
+      }
+    }
+  }
+  if (/^[-\\d.,]+( ?x)?$/.test(text) && tops.size > 1) bad.push('split: ' + text);
+}
+return [...new Set(bad)];
+"""
+
+
+def test_the_benchmark_tab_uses_the_page_width_and_shows_every_header_and_number_whole(app_url, driver):
+    # On a laptop-sized window the Chat tab's open sidebar left a blank 340-px band on this tab, and the
+    # table's columns were so narrow that headers read "configurati", "tok", "propo" and numbers split
+    # over two lines ("33." / "7"); the chart's two x-axis titles ran into each other.
+    driver.set_window_size(1400, 1000)
+    driver.get(app_url)
+    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
+    usable(driver, "#sl-bench-run")
+    # no blank band where the Chat tab's sidebar is (the page's padding eases away: waited for)
+    wait_for(lambda: css(driver, "#sl-tab-bench")[0].rect["x"] < 100, 10, "the tab to take the page's width")
+    for label in css(driver, "#sl-bench-shapes label"):  # chains at the default k and the tree
+        if not label.find_element("css selector", "input").is_selected():
+            click(driver, label)
+    set_number(driver, "#sl-bench-num-prompts", 1)
+    set_number(driver, "#sl-bench-max-new", 8)
+    wait_for(lambda: "5 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
+    click(driver, "#sl-bench-run")
+    wait_for(lambda: "done: 5 configuration(s)" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark")
+
+    for table in ("#sl-bench-summary", "#sl-bench-categories"):  # in view: the grid lays out its rows there
+        driver.execute_script("arguments[0].scrollIntoView();", css(driver, table)[0])
+        assert driver.execute_script(CLIPPED_OR_BROKEN_JS, table) == [], table
+    titles = driver.execute_script(
+        "const svg = document.querySelector('#sl-bench-chart .main-svg').getBoundingClientRect();"
+        "return [...document.querySelectorAll('#sl-bench-chart .g-xtitle text, #sl-bench-chart .g-x2title text')]"
+        ".map(t => t.getBoundingClientRect()).map(r => [r.left - svg.left, r.right - svg.left, svg.width]);")
+    assert len(titles) == 2
+    (left_a, right_a, width), (left_b, right_b, _) = sorted(titles)
+    assert 0 <= left_a and right_a <= left_b and right_b <= width  # each whole, side by side
