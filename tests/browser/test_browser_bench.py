@@ -30,25 +30,36 @@ def downloaded(folder, suffix: str, timeout: float = 30):
     return wait_for(lambda: sorted(folder.glob(f"*{suffix}")), timeout, f"a downloaded {suffix} file")[0]
 
 
+def open_bench_tab(driver) -> None:
+    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
+    usable(driver, "#sl-bench-run")
+
+
+def tick(driver, group: str, wanted) -> None:
+    """Tick exactly those choices of a checkbox group whose label `wanted(label)` accepts."""
+    for choice in wait_for(lambda: css(driver, f"{group} label"), 30, f"the choices of {group}"):
+        if choice.find_element("css selector", "input").is_selected() != wanted(choice.text.strip()):
+            click(driver, choice)
+
+
+def run_small_plan(driver, num_prompts: int, max_new_tokens: int, configs: int) -> None:
+    """Set the plan's size, check its work line counts `configs` configurations, run it to the end."""
+    set_number(driver, "#sl-bench-num-prompts", num_prompts)
+    set_number(driver, "#sl-bench-max-new", max_new_tokens)
+    wait_for(lambda: f"{configs} configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
+    click(driver, "#sl-bench-run")
+    wait_for(lambda: f"done: {configs} configuration(s)" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark")
+
+
 def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_csv(app_url, driver, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
 
     allow_downloads(driver, tmp_path)
     driver.get(app_url)
-    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
-    usable(driver, "#sl-bench-run")
-    for label in css(driver, "#sl-bench-methods label"):  # target only and EAGLE-3
-        if label.find_element("css selector", "input").is_selected() != (label.text in ("target only", "EAGLE-3")):
-            click(driver, label)
-    for label in css(driver, "#sl-bench-ks label"):  # k = 2 only
-        if label.find_element("css selector", "input").is_selected() != (label.text.strip() == "2"):
-            click(driver, label)
-    set_number(driver, "#sl-bench-num-prompts", 2)
-    set_number(driver, "#sl-bench-max-new", 8)
-    wait_for(lambda: "2 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
-    click(driver, "#sl-bench-run")
-
-    wait_for(lambda: "done:" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark to finish")
+    open_bench_tab(driver)
+    tick(driver, "#sl-bench-methods", lambda text: text in ("target only", "EAGLE-3"))
+    tick(driver, "#sl-bench-ks", lambda text: text == "2")
+    run_small_plan(driver, num_prompts=2, max_new_tokens=8, configs=2)
     summary = css(driver, "#sl-bench-summary")[0].text
     assert "target only · eager" in summary and "EAGLE-3 k=2 · eager" in summary
     assert "EAGLE-3 k=2 · eager" in css(driver, "#sl-bench-categories")[0].text
@@ -71,20 +82,10 @@ def test_ticking_tree_measures_the_chat_tabs_default_tree_in_a_row_named_by_its_
     k, tree = default_draft("cpu")  # what the Chat tab drafts first at T = 0 on this app's device, a CPU
     label = f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens} · eager"
     driver.get(app_url)
-    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
-    usable(driver, "#sl-bench-run")
-    for group, wanted in (("#sl-bench-methods", lambda text: text in ("target only", "EAGLE-3")),
-                          ("#sl-bench-shapes", lambda text: text.startswith("tree"))):  # the tree, no chain
-        labels = wait_for(lambda: css(driver, f"{group} label"), 30, f"the choices of {group}")
-        for choice in labels:
-            if choice.find_element("css selector", "input").is_selected() != wanted(choice.text.strip()):
-                click(driver, choice)
-    set_number(driver, "#sl-bench-num-prompts", 2)
-    set_number(driver, "#sl-bench-max-new", 8)
-    wait_for(lambda: "2 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
-    click(driver, "#sl-bench-run")
-
-    wait_for(lambda: "done: 2 configuration(s)" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark")
+    open_bench_tab(driver)
+    tick(driver, "#sl-bench-methods", lambda text: text in ("target only", "EAGLE-3"))
+    tick(driver, "#sl-bench-shapes", lambda text: text.startswith("tree"))  # the tree, no chain
+    run_small_plan(driver, num_prompts=2, max_new_tokens=8, configs=2)
     assert label in css(driver, "#sl-bench-summary")[0].text and label in css(driver, "#sl-bench-categories")[0].text
     assert label in [t.text for t in css(driver, "#sl-bench-chart .legendtext")]  # the chart's point, by name
     assert f"tree depth {k} x top-{tree.topk}, {tree.num_draft_tokens} tokens verified per step" in \
@@ -139,18 +140,11 @@ def test_the_benchmark_tab_uses_the_page_width_and_shows_every_header_and_number
     # over two lines ("33." / "7"); the chart's two x-axis titles ran into each other.
     driver.set_window_size(1400, 1000)
     driver.get(app_url)
-    click(driver, wait_for(lambda: [t for t in css(driver, "button[role=tab]") if t.text == "Benchmark"], 60, "the tabs")[0])
-    usable(driver, "#sl-bench-run")
+    open_bench_tab(driver)
     # no blank band where the Chat tab's sidebar is (the page's padding eases away: waited for)
     wait_for(lambda: css(driver, "#sl-tab-bench")[0].rect["x"] < 100, 10, "the tab to take the page's width")
-    for label in css(driver, "#sl-bench-shapes label"):  # chains at the default k and the tree
-        if not label.find_element("css selector", "input").is_selected():
-            click(driver, label)
-    set_number(driver, "#sl-bench-num-prompts", 1)
-    set_number(driver, "#sl-bench-max-new", 8)
-    wait_for(lambda: "5 configuration(s)" in css(driver, "#sl-bench-work")[0].text, 30, "the plan's work line")
-    click(driver, "#sl-bench-run")
-    wait_for(lambda: "done: 5 configuration(s)" in css(driver, "#sl-bench-status")[0].text, 240, "the benchmark")
+    tick(driver, "#sl-bench-shapes", lambda text: True)  # chains at the default k and the tree
+    run_small_plan(driver, num_prompts=1, max_new_tokens=8, configs=5)
 
     for table in ("#sl-bench-summary", "#sl-bench-categories"):  # in view: the grid lays out its rows there
         driver.execute_script("arguments[0].scrollIntoView();", css(driver, table)[0])
