@@ -33,14 +33,19 @@ from training.data import ShardWriter, dtype_label, load_shards, prompt_ids, rea
 SENTINEL = "\x00user text\x00"
 
 
-def pre_query_ids(tokenizer) -> list[int]:
-    """Token ids of the chat template up to where a single user turn's text begins: the template
-    rendered around a sentinel, cut before it."""
+def around_user_text(tokenizer) -> tuple[str, str]:
+    """(head, tail): a single user turn as the chat template renders it is head + text + tail."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False,
                                          add_generation_prompt=True)
-    if SENTINEL not in text:
-        raise ValueError("the chat template does not place the user's text verbatim")
-    return [int(i) for i in tokenizer(text[: text.index(SENTINEL)], add_special_tokens=False)["input_ids"]]
+    if text.count(SENTINEL) != 1:
+        raise ValueError("the chat template does not place the user's text verbatim, once")
+    head, tail = text.split(SENTINEL)
+    return head, tail
+
+
+def pre_query_ids(tokenizer) -> list[int]:
+    """Token ids of the chat template up to where a single user turn's text begins."""
+    return [int(i) for i in tokenizer(around_user_text(tokenizer)[0], add_special_tokens=False)["input_ids"]]
 
 
 def fold(text: str) -> str:
@@ -99,9 +104,9 @@ def excluded_texts(tokenizer, holdout: str | Path | None, question_files: list[s
     if holdout is not None:
         data = load_shards(holdout)
         fingerprint = read_meta(holdout).get("holdout_fingerprint")
+        around = around_user_text(tokenizer)
         for i in range(len(data)):
-            rendered = tokenizer.decode(data.get(i)[0].tolist(), skip_special_tokens=False)
-            texts.add(user_text(tokenizer, rendered))
+            texts.add(user_text(around, tokenizer.decode(data.get(i)[0].tolist(), skip_special_tokens=False)))
     for path in question_files:
         from demo.models.prompts import read_questions
 
@@ -110,11 +115,10 @@ def excluded_texts(tokenizer, holdout: str | Path | None, question_files: list[s
     return texts, fingerprint
 
 
-def user_text(tokenizer, rendered: str) -> str:
-    """The user's text of a rendered single-turn prompt (the inverse of prompt_ids)."""
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False,
-                                          add_generation_prompt=True)
-    head, tail = probe.split(SENTINEL)
+def user_text(around: tuple[str, str], rendered: str) -> str:
+    """The user's text of a rendered single-turn prompt (the inverse of prompt_ids); `around` is
+    around_user_text's (head, tail)."""
+    head, tail = around
     if not (rendered.startswith(head) and rendered.endswith(tail)):
         raise ValueError("a hold-out prompt that is not a single user turn of this chat template")
     return rendered[len(head): len(rendered) - len(tail)]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.training.helpers import IM_END, byte_tokenizer, tiny_run_inputs
 from training.data import ShardWriter, load_shards, prompt_ids, write_meta
-from training.self_prompts import PromptFilter, excluded_texts, pre_query_ids, user_text
+from training.self_prompts import PromptFilter, around_user_text, excluded_texts, pre_query_ids, user_text
 
 
 def test_pre_query_ids_are_a_single_user_prompt_up_to_its_text():
@@ -19,7 +19,7 @@ def test_pre_query_ids_are_a_single_user_prompt_up_to_its_text():
     full = prompt_ids(tok, "What is a tree?")
     assert full[: len(pre)] == pre
     assert tok.decode(full[len(pre):]).startswith("What is a tree?<|im_end|>")
-    assert user_text(tok, tok.decode(full)) == "What is a tree?"
+    assert user_text(around_user_text(tok), tok.decode(full)) == "What is a tree?"
 
 
 def test_the_filter_keeps_only_whole_distinct_turns_that_are_no_validation_prompt():
@@ -67,7 +67,7 @@ def test_self_prompts_cli_writes_prompts_that_regen_answers_and_never_an_exclude
         assert main(["--target", str(target_dir), "--device", "cpu", "--out", str(out), "--num", "300",
                      "--batch-size", "64", "--max-new-tokens", "40", "--min-chars", "1", "--seed", "3", *extra]) == 0
         data = load_shards(out)
-        texts = [user_text(tok, tok.decode(data.get(i)[0].tolist())) for i in range(len(data))]
+        texts = [user_text(around_user_text(tok), tok.decode(data.get(i)[0].tolist())) for i in range(len(data))]
         return data, texts, json.loads((out / "meta.json").read_text())
 
     data, texts, meta = run(tmp_path / "a")
