@@ -35,7 +35,8 @@ def lookup_continuation(history: torch.Tensor, length: torch.Tensor, count: int,
     end = torch.full((), -1, dtype=torch.int64, device=history.device)
     for n in range(1, max_ngram + 1):
         i = n - 1  # compare the n-th token from the end
-        match = match & (at >= i) & (history[(at - i).clamp(min=0)] == history[(last - i).clamp(min=0)])
+        nth = history.index_select(0, (last - i).clamp(min=0).view(1))  # [1] (a 0-dim index would read the host)
+        match = match & (at >= i) & (history[(at - i).clamp(min=0)] == nth)
         ok = match & (at <= last - 1)  # an earlier occurrence: it ends before the last token
         latest = torch.where(ok, at, -1).max()  # []
         end = torch.where((latest >= 0) & (n <= last), latest, end)  # a longer suffix wins
@@ -71,5 +72,5 @@ def graft_branch(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tens
     new = torch.arange(size, device=tokens.device)  # [size]
     new_tokens = branch[walked + new]
     new_parents = torch.where(new == 0, node, n + new - 1)
-    new_depths = depths[node] + 1 + new
+    new_depths = depths.index_select(0, node.view(1)) + 1 + new  # [size]
     return torch.cat((tokens, new_tokens)), torch.cat((parents, new_parents)), torch.cat((depths, new_depths))
