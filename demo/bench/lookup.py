@@ -102,7 +102,8 @@ def record(engine, tokenizer, questions: list[dict], gen) -> list[Recorded]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
+    p = argparse.ArgumentParser(prog="python -m demo.bench.lookup", description=__doc__.split("\n\n")[0],
+                                add_help=False)
     p.add_argument("--branch", type=int, action="append", default=[], metavar="N",
                    help="a lookup branch of N tokens (repeatable)")
     p.add_argument("--max-ngram", type=int, default=MAX_NGRAM, help="the longest suffix looked up")
