@@ -1,6 +1,6 @@
 """A prompt-lookup branch for a draft tree, on the device (T = 0 trees; the engine does not draft one yet).
 
-Prompt lookup (vLLM's and SGLang's n-gram proposers) drafts by copying: it finds the latest earlier
+Prompt lookup (vLLM's n-gram proposer) drafts by copying: it finds the latest earlier
 occurrence of the text's last few tokens and proposes what followed it. Beside an EAGLE tree it costs
 no drafter pass, so it reaches past the tree's depth where the text repeats itself; `python -m
 demo.bench.lookup` estimates what that adds. Here are the two device halves of such a step:

@@ -1,6 +1,6 @@
 """What a prompt-lookup branch would add to a draft at T = 0, before the engine drafts one.
 
-A prompt-lookup draft (prompt lookup decoding; vLLM's and SGLang's n-gram proposers) copies what
+A prompt-lookup draft (prompt lookup decoding; vLLM's n-gram proposer) copies what
 followed the latest earlier occurrence of the text's last few tokens. Beside the drafter's tree it
 costs no drafter pass, so it can reach past the tree's depth where the text repeats itself (lists,
 code, a small target's loops). This tool measures that before anything is built:
@@ -25,7 +25,7 @@ import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 
-MAX_NGRAM = 4  # the longest suffix looked up (vLLM's prompt_lookup_max default is of this size)
+MAX_NGRAM = 4  # the longest suffix looked up (vLLM's n-gram example sets prompt_lookup_max to 4)
 
 
 def continuation(context: list[int], length: int, max_ngram: int = MAX_NGRAM) -> list[int]:
