@@ -55,21 +55,30 @@ def test_a_branch_hangs_below_the_deepest_node_whose_path_it_repeats(branch, par
     assert d[6:].tolist() == [int(depths[parent]) + 1 + i for i in range(3)]
 
 
+def random_tree(rng: random.Random, depth: int, nodes: int, vocab: int, device: str = "cpu"):
+    """A draft tree as demo/tree_verify.py takes it: (tokens, parents, depths) [N+1] int64, root
+    first, each node after its parent, depths at most `depth`, siblings distinct tokens (N may
+    stop short of `nodes` where a parent has used up the vocabulary)."""
+    tokens, parents, depths = [rng.randrange(vocab)], [0], [0]
+    for i in range(1, nodes + 1):
+        parent = rng.choice([j for j in range(i) if depths[j] < depth])
+        taken = {tokens[j] for j in range(1, i) if parents[j] == parent}
+        free = [x for x in range(vocab) if x not in taken]
+        if not free:
+            break
+        tokens.append(rng.choice(free))
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+    return [torch.tensor(x, device=device) for x in (tokens, parents, depths)]
+
+
 def test_a_grafted_tree_stays_a_tree_with_distinct_siblings():
     rng = random.Random(0)
     for _ in range(200):
-        D, N, size = rng.randint(1, 4), rng.randint(1, 12), rng.randint(1, 5)
-        tokens, parents, depths = [rng.randrange(6)], [0], [0]
-        for i in range(1, N + 1):
-            parent = rng.choice([j for j in range(i) if depths[j] < D])
-            taken = {tokens[j] for j in range(1, i) if parents[j] == parent}
-            free = [x for x in range(6) if x not in taken]
-            if not free:
-                break
-            tokens.append(rng.choice(free)), parents.append(parent), depths.append(depths[parent] + 1)
+        D, size = rng.randint(1, 4), rng.randint(1, 5)
+        tree = random_tree(rng, D, rng.randint(1, 12), 6)
         branch = torch.tensor([rng.randrange(6) for _ in range(D + size)])
-        t, p, d = (x.tolist() for x in graft_branch(torch.tensor(tokens), torch.tensor(parents),
-                                                     torch.tensor(depths), branch, D, size))
+        t, p, d = (x.tolist() for x in graft_branch(*tree, branch, D, size))
         for i in range(1, len(t)):
             assert p[i] < i and d[i] == d[p[i]] + 1
         for i in range(1, len(t)):

@@ -11,21 +11,11 @@ import pytest
 import torch
 
 from demo.tree_lookup import graft_branch, lookup_continuation
+from tests.engine.test_tree_lookup import random_tree
 
 pytestmark = pytest.mark.cuda
 
 DEPTH, SIZE, NODES = 7, 16, 64
-
-
-def _tree(rng):
-    tokens, parents, depths = [5], [0], [0]
-    for i in range(1, NODES + 1):
-        parent = rng.choice([j for j in range(i) if depths[j] < DEPTH])
-        taken = {tokens[j] for j in range(1, i) if parents[j] == parent}
-        tokens.append(rng.choice([x for x in range(12) if x not in taken]))
-        parents.append(parent)
-        depths.append(depths[parent] + 1)
-    return [torch.tensor(x, device="cuda") for x in (tokens, parents, depths)]
 
 
 def _branch(history, length, tokens, parents, depths):
@@ -39,10 +29,13 @@ def test_the_lookup_branch_is_captured_as_it_stands_and_replays_as_eager_runs(co
     rng = random.Random(0)
     history = torch.randint(0, 8, (2048,), device="cuda")
     length = torch.tensor(1024, device="cuda")
-    tree = _tree(rng)
+    tree = random_tree(rng, DEPTH, NODES, 12, "cuda")
     fn = torch.compile(_branch) if compiled else _branch
     out = []
-    graph = capture_alone(lambda: out.__setitem__(slice(None), fn(history, length, *tree)))
+
+    def step():  # the captured call's outputs are the tensors every replay rewrites
+        out[:] = fn(history, length, *tree)
+    graph = capture_alone(step)
     for _ in range(20):
         history.copy_(torch.tensor([rng.randrange(rng.randint(2, 8)) for _ in range(2048)]))
         length.fill_(rng.randint(1, 2048))
