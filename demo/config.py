@@ -18,6 +18,8 @@ from demo.methods import DEFAULT_DRAFT_SAMPLING, SAMPLED_DRAFTS
 
 TREE_SCRATCH = 512  # drafter cache slots reserved past the context for a tree's frontier rows ((depth - 1) * topk)
 MAX_TREE_TOPK = 32
+MAX_LOOKUP = 64  # a tree's prompt-lookup branch: at most this many tokens past the drafter's nodes
+LOOKUP_NGRAM = 4  # the longest suffix a lookup branch looks up (vLLM's n-gram example sets prompt_lookup_max to 4)
 MAX_DRAFT_TOKENS = 256  # verified per step, the root included
 
 
@@ -34,10 +36,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class TreeShape:
     """A request's tree: children per expanded node and tokens verified per step (root included,
-    as SGLang counts them); 0 verifies every candidate. The depth is the request's k."""
+    as SGLang counts them); 0 verifies every candidate. The depth is the request's k. `lookup`: a
+    prompt-lookup branch of that many tokens verified beside the drafter's nodes (demo/tree_lookup.py),
+    for trees of the drafter's top choices (T = 0 and the point-mass rule); drafts drawn from q draft
+    none."""
 
     topk: int = 4
     num_draft_tokens: int = 0
+    lookup: int = 0
 
 
 # The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
@@ -76,7 +82,8 @@ class DraftShape:
     drawn with or without replacement), and tree machinery or the plain chain (a chain is the tree
     K = 1, N = D). Target-only (D = 0) may verify `pad` padding rows after its one token: run at a
     speculative shape's width, it computes every token as that shape's verification does
-    (``target_only_width``)."""
+    (``target_only_width``). A tree of the drafter's top choices may verify a prompt-lookup branch of
+    `lookup` more nodes (demo/tree_lookup.py), which reaches past the drafter's depth."""
 
     depth: int
     topk: int = 1
@@ -85,6 +92,7 @@ class DraftShape:
     tree: bool = False
     pad: int = 0
     without_replacement: bool = False  # sampled drafts: a node's children are distinct draws ("wor")
+    lookup: int = 0  # a tree's prompt-lookup branch: nodes verified past the drafter's N, reaching depth D + lookup
 
     @classmethod
     def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1,
@@ -100,7 +108,8 @@ class DraftShape:
         topk = tree.topk if tree is not None else 1
         full = topk + (k - 1) * topk * topk
         nodes = full if tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
-        return cls(k, topk, nodes, sampled, True, without_replacement=sampled and without_replacement)
+        lookup = tree.lookup if tree is not None and not sampled else 0  # drafts drawn from q copy nothing
+        return cls(k, topk, nodes, sampled, True, without_replacement=sampled and without_replacement, lookup=lookup)
 
     @classmethod
     def drawn(cls, k: int, tree: TreeShape | None, draft_sampling: str, temperature: float,
@@ -112,8 +121,9 @@ class DraftShape:
 
     @property
     def chain(self) -> bool:
-        """Drafts in a row, one a depth: a chain, or a tree of top-1 (a sampled chain runs as one)."""
-        return self.depth > 0 and self.topk == 1
+        """Drafts in a row, one a depth: a chain, or a tree of top-1 (a sampled chain runs as one) without a
+        lookup branch."""
+        return self.depth > 0 and self.topk == 1 and not self.lookup
 
     @property
     def candidates(self) -> int:
@@ -121,15 +131,30 @@ class DraftShape:
         return self.topk + (self.depth - 1) * self.topk * self.topk
 
     @property
+    def reach(self) -> int:
+        """The most drafts a step can accept: the drafter's depth, plus a lookup branch's length."""
+        return self.depth + self.lookup
+
+    @property
+    def verified(self) -> int:
+        """Draft nodes the target verifies each step: the drafter's, then any lookup branch's."""
+        return self.nodes + self.lookup
+
+    @property
     def width(self) -> int:
         """Rows of the target's forward each step: the root, the draft nodes (and any padding)."""
-        return self.nodes + 1 + self.pad
+        return self.verified + 1 + self.pad
 
     def check(self) -> None:
         if self.pad < 0:
             raise ValueError(f"a target-only step runs at least 1 row wide, not {self.pad + 1}")
         if self.pad and self.depth:
             raise ValueError(f"only target-only steps are padded, not a shape of depth {self.depth}")
+        if not 0 <= self.lookup <= MAX_LOOKUP:
+            raise ValueError(f"a lookup branch (--lookup) is 0 to {MAX_LOOKUP} tokens, not {self.lookup}")
+        if self.lookup and (not self.tree or self.sampled):
+            raise ValueError("a lookup branch hangs on a tree of the drafter's top choices (a tree shape at T = 0 "
+                             "or the pointmass rule), not on " + ("drafts drawn from q" if self.sampled else "a chain"))
         if self.width > MAX_DRAFT_TOKENS:
             fix = (f": a tree of depth {self.depth} x top-{self.topk} verifies at most {MAX_DRAFT_TOKENS} of its "
                    f"{self.candidates + 1} with num_draft_tokens (--num-draft-tokens) {MAX_DRAFT_TOKENS} or less"

@@ -33,13 +33,14 @@ from typing import Callable, Iterator
 
 import torch
 
-from demo.config import TREE_SCRATCH, DraftShape, GenerationConfig, SamplingParams
+from demo.config import LOOKUP_NGRAM, TREE_SCRATCH, DraftShape, GenerationConfig, SamplingParams
 from demo.kernels.topk import row_topk
 from demo.methods import COMPILE_SCOPES, DRAFT_SAMPLING, MAX_SPEC_TOKENS, MODES, dtype_label, mode_label
 from demo.metrics import AcceptanceStats
 from demo.sampling import CapturedSampling, Draws, ShownProbs, sampled_rule, target_probs, verify_greedy, verify_sampled
 from demo.target import Target
 from demo.tree import DraftTree, compact_path, draft_tree, tree_attention_mask, tree_seen_slots
+from demo.tree_lookup import graft_branch, lookup_continuation
 from demo.tree_verify import tree_pointmass_rule, tree_q_rule, tree_wor_rule, verify_tree_greedy
 
 
@@ -96,21 +97,22 @@ class StepBuffers:
     shape: DraftShape
     verify_tokens: torch.Tensor  # [1, W] int64, W = shape.width: the target's last token, then the drafts
     verify_positions: torch.Tensor  # [1, W] int64
-    catch_tokens: torch.Tensor  # [1, D+1] int64: tokens emitted by the last verification (padded)
-    catch_positions: torch.Tensor  # [1, D+1] int64: the positions of the features they pair with
-    catch_hidden: torch.Tensor  # [1, D+1, Hd] drafter input after project()
+    # R = shape.reach: the drafter's depth D, plus a lookup branch's length (trees)
+    catch_tokens: torch.Tensor  # [1, R+1] int64: tokens emitted by the last verification (padded)
+    catch_positions: torch.Tensor  # [1, R+1] int64: the positions of the features they pair with
+    catch_hidden: torch.Tensor  # [1, R+1, Hd] drafter input after project()
     catch_last: torch.Tensor  # [1] int64: index of the last emitted token (= accepted count)
     root_logits: torch.Tensor  # [1, 1, Vd] the drafter's logits at the last emitted token
     draft_hidden: torch.Tensor  # [1, 1, Hd] its hidden output there
     draft_position: torch.Tensor  # [1, 1] int64: the drafter position of the first draft's row
-    result: torch.Tensor  # [packed_size(D, N)] float64: pack_result's layout
+    result: torch.Tensor  # [packed_size(R, N)] float64: pack_result's layout (N: shape.verified)
     draws: Draws  # T > 0: the acceptance test's draws, made before the step: u [D] (a chain) or [N], noise [V]
     temperature: torch.Tensor  # [1] float32: the request's at T > 0 (a buffer: the graphs replay any)
     chain_logits: torch.Tensor | None = None  # [D, Vd]: a chain drafter's logits at each draft position
     prefill_ids: torch.Tensor | None = None  # [1, C] int64: the prompt, padded to its bucket (C: the context)
     prefill_positions: torch.Tensor | None = None  # [1, C] int64: 0..C-1
     prefill_last: torch.Tensor | None = None  # [1] int64: the prompt's last row
-    catch_features: torch.Tensor | None = None  # [1, D+1, F] target features the catch-up projects (k > 0)
+    catch_features: torch.Tensor | None = None  # [1, R+1, F] target features the catch-up projects (k > 0)
     lanes: dict = field(default_factory=dict)  # graph mode: attend bucket -> its two alternating steps [Lane]
     tree: "TreeBuffers | None" = None
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
@@ -150,7 +152,7 @@ class Lane:
 
 @dataclass
 class TreeBuffers:
-    """A tree step's own persistent tensors (N draft nodes, W = N + 1 verified)."""
+    """A tree step's own persistent tensors (N draft nodes, a lookup branch's included; W = N + 1 verified)."""
 
     root_token: torch.Tensor  # [1] int64: the last emitted token, the tree's root
     root_slot: torch.Tensor  # [1] int64: its position, and the slot where the tree starts
@@ -163,6 +165,10 @@ class TreeBuffers:
     q: torch.Tensor | None  # [R, V] float32: the drafter's q over the target vocabulary (sampled drafts)
     uniforms: torch.Tensor | None  # the draws of sampled drafts, made before the step: [D, K*K] float32 (i.i.d.), [D, K, Vd] (wor)
     draft_to_target: torch.Tensor | None  # [Vd] int64: target id of every draft id; None: the same ids
+    # [C + R + 2] int64: the prompt and every emitted token, by position (C: the context), which a lookup
+    # branch copies from; None: no branch. Written by the prefill and each acceptance test, past the
+    # accepted tokens too: a position's entry is final once the text reaches it.
+    history: torch.Tensor | None = None
 
 
 def prefill_rows(n: int, max_context: int) -> int:
@@ -348,7 +354,7 @@ class Engine:
     def _allocate(self, shape: DraftShape) -> StepBuffers:
         """The persistent buffers of a draft shape, in the state every step function starts from."""
         shape.check()
-        dev, t, k = self.device, self.target, shape.depth
+        dev, t, k, reach = self.device, self.target, shape.depth, shape.reach
         hd = self.drafter.cfg.hidden_size if k else 1
         vd = self.drafter.drafting_vocab if k else 1
         zeros = lambda *s, dtype=torch.int64: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
@@ -356,14 +362,14 @@ class Engine:
             shape=shape,
             verify_tokens=zeros(1, shape.width),
             verify_positions=torch.arange(shape.width, device=dev).view(1, -1),
-            catch_tokens=zeros(1, k + 1),
-            catch_positions=torch.arange(k + 1, device=dev).view(1, -1),
-            catch_hidden=zeros(1, k + 1, hd, dtype=self.drafter_dtype),
+            catch_tokens=zeros(1, reach + 1),
+            catch_positions=torch.arange(reach + 1, device=dev).view(1, -1),
+            catch_hidden=zeros(1, reach + 1, hd, dtype=self.drafter_dtype),
             catch_last=zeros(1),
             root_logits=zeros(1, 1, vd, dtype=t.dtype),
             draft_hidden=zeros(1, 1, hd, dtype=self.drafter_dtype),
             draft_position=zeros(1, 1),
-            result=zeros(packed_size(k, shape.nodes), dtype=torch.float64),
+            result=zeros(packed_size(reach, shape.verified), dtype=torch.float64),
             # noise of ones: a capture's runs over them divide by it
             draws=Draws(zeros(shape.width - 1 if shape.tree else k, dtype=torch.float32),
                         torch.ones(t.config.vocab_size, device=dev)),
@@ -375,7 +381,7 @@ class Engine:
         )
         if k:  # written by copy, never rebound: a replayed graph and an eager step must share it
             width = t.config.hidden_size * (len(self.aux_layers) if self.drafter.feature == "aux" else 1)
-            b.catch_features = zeros(1, k + 1, width, dtype=t.dtype)
+            b.catch_features = zeros(1, reach + 1, width, dtype=t.dtype)
         if shape.tree:
             w, r = shape.width, 1 + (k - 1) * shape.topk
             to_target = self.drafter.to_target(torch.arange(vd, device=dev))  # [Vd]
@@ -388,7 +394,8 @@ class Engine:
                 q=zeros(r, t.config.vocab_size, dtype=torch.float32) if shape.sampled else None,
                 uniforms=(zeros(*((k, shape.topk, vd) if shape.without_replacement else (k, shape.topk ** 2)),
                                 dtype=torch.float32) if shape.sampled else None),
-                draft_to_target=None if same_ids else to_target)
+                draft_to_target=None if same_ids else to_target,
+                history=zeros(self.max_context + reach + 2) if shape.lookup else None)
         self._buffers[shape] = b
         return b
 
@@ -546,7 +553,7 @@ class Engine:
             self._chain(b, attend)
 
     def _catch_up(self, b: StepBuffers, attend: int | None = None):
-        """Drafter pass over the k+1 slots of the last verification's emitted tokens; keeps the row
+        """Drafter pass over the R+1 slots of the last verification's emitted tokens; keeps the row
         of the last emitted token as the start of the next draft. Rows after it write stale K/V that
         later steps overwrite before any query can see them."""
         logits, hidden = self.drafter.forward(b.catch_tokens, b.catch_positions, b.catch_hidden, attend=attend)
@@ -570,26 +577,34 @@ class Engine:
             b.chain_logits[j].copy_(logits.view(-1))
 
     def _draft_tree(self, b: StepBuffers, attend: int | None = None):
-        """Expand and prune the step's tree (demo/tree.py); stage its tokens, positions, slots and mask.
-        The frontier's drafter rows go to scratch slots right after the `attend` ones (the context's
-        without it), which no committed row reaches before a catch-up rewrites it."""
+        """Expand and prune the step's tree (demo/tree.py), hang a lookup branch on it (if the shape has
+        one); stage its tokens, positions, slots and mask. The frontier's drafter rows go to scratch
+        slots right after the `attend` ones (the context's without it), which no committed row reaches
+        before a catch-up rewrites it."""
         tb, shape = b.tree, b.shape
         scratch = self.max_context if attend is None else attend
         draft = draft_tree(self.drafter, shape, tb.root_token, b.root_logits.view(-1), b.draft_hidden.view(-1),
                            b.draft_position.view(()), scratch, tb.uniforms, b.temperature)
-        b.verify_tokens.copy_(draft.tokens.view(1, -1))
-        b.verify_positions.copy_((tb.root_slot + draft.depths).view(1, -1))
+        tokens, parents, depths, logq, q_row = draft.tokens, draft.parents, draft.depths, draft.draft_logq, draft.q_row
+        if shape.lookup:  # what followed the text's last tokens where they last appeared, past the drafter's reach
+            branch, _ = lookup_continuation(tb.history, tb.root_slot.view(()) + 1, shape.reach, LOOKUP_NGRAM)  # [R]
+            tokens, parents, depths = graft_branch(tokens, parents, depths, branch, shape.depth, shape.lookup)
+            # copied, not drafted: no q of the drafter's (the event's tree says which nodes: DraftTree.copied)
+            logq = torch.cat((logq, logq.new_full((shape.lookup,), float("-inf"))))
+            q_row = torch.cat((q_row, q_row.new_zeros(shape.lookup)))
+        b.verify_tokens.copy_(tokens.view(1, -1))
+        b.verify_positions.copy_((tb.root_slot + depths).view(1, -1))
         tb.verify_slots.copy_((tb.root_slot + torch.arange(shape.width, device=self.device)).view(1, -1))
         S = self.target.cache.capacity if attend is None else attend  # the slots the verification attends over
         if tb.verify_mask.dtype == torch.int32:  # in slot order here, with the drafting (compiled), not in the forward
-            mask = tree_seen_slots(draft.parents, draft.depths, shape.depth, tb.root_slot.view(()), S)
+            mask = tree_seen_slots(parents, depths, shape.reach, tb.root_slot.view(()), S)
         else:
-            mask = tree_attention_mask(draft.parents, shape.depth, tb.root_slot.view(()), S)  # [1, 1, W, S] bool
+            mask = tree_attention_mask(parents, shape.reach, tb.root_slot.view(()), S)  # [1, 1, W, S] bool
         tb.verify_mask[..., :S].copy_(mask)
-        tb.parents.copy_(draft.parents)
-        tb.depths.copy_(draft.depths)
-        tb.draft_logq.copy_(draft.draft_logq)
-        tb.q_row.copy_(draft.q_row)
+        tb.parents.copy_(parents)
+        tb.depths.copy_(depths)
+        tb.draft_logq.copy_(logq)
+        tb.q_row.copy_(q_row)
         if tb.q is not None and tb.draft_to_target is None:  # the drafter's q over the target vocabulary,
             tb.q.copy_(draft.q)  # for the acceptance test (drafting over the target's own ids)
         elif tb.q is not None:  # a draft vocabulary of its own, or hot tokens: 0 for the target ids it lacks
@@ -673,8 +688,9 @@ class Engine:
 
     def _accept_tree(self, b: StepBuffers, logits: torch.Tensor, features: torch.Tensor, params: SamplingParams):
         """Tree acceptance test on the device; moves the accepted path's target K/V next to the root,
-        stages the catch-up over the path and the next root, and packs the result."""
-        tb, shape, D = b.tree, b.shape, b.k
+        stages the catch-up over the path and the next root, and packs the result. D: the most a step
+        accepts (a lookup branch reaches past the drafter's depth)."""
+        tb, shape, D = b.tree, b.shape, b.shape.reach
         tokens = b.verify_tokens[0]  # [W]
         shown = ShownProbs(logits[0], params)  # [W, V]
         if params.greedy:
@@ -693,6 +709,8 @@ class Engine:
         b.catch_positions.copy_((root + torch.arange(D + 1, device=self.device)).view(1, -1))
         b.catch_last.copy_(n.view(1))
         b.catch_features.copy_(features.index_select(1, rows))  # [1, D+1, F]
+        if tb.history is not None:  # the emitted tokens at their positions (those past n are rewritten later)
+            tb.history.index_copy_(0, root + 1 + torch.arange(D + 1, device=self.device), out)
         tb.root_token.copy_(out.index_select(0, n.view(1)))
         tb.root_slot.add_(n + 1)
         nodes = tokens[1:]  # [N]
@@ -723,20 +741,21 @@ class Engine:
             raise ValueError(f"num_spec_tokens must be in 0..{MAX_SPEC_TOKENS}, not {k}")
         shape = gen.draft_shape(k)
         shape.check()
+        reach = shape.reach  # the most drafts a step accepts: it emits reach + 1 tokens at most
         need = len(prompt_ids) + gen.max_new_tokens + shape.width
         if need > self.max_context:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + "
                              f"{shape.width} verified per step = {need} exceeds the context of {self.max_context} tokens")
         params = gen.sampling
         # the most slots a step attends over (see the loop's bound)
-        b = self.prepare(shape, need + k, sampled=not params.greedy)
+        b = self.prepare(shape, need + reach, sampled=not params.greedy)
         b.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(gen.seed)
-        stats = AcceptanceStats(num_spec_tokens=k)
+        stats = AcceptanceStats(num_spec_tokens=reach)
         timer = _StepTimer(self.device)
         clock = began = time.perf_counter()
         out_of_time = (lambda: False) if gen.max_time_s is None else (  # noqa: E731
@@ -762,10 +781,10 @@ class Engine:
         # the slots a step attends over are bounded before the step before it is read (the step runs
         # ahead in graph mode), so eager bounds them the same way: from the previous step's start plus
         # the most it can emit; step 1 knows its start
-        previous = generated - (k + 1)
+        previous = generated - (reach + 1)
         while not done:
             step += 1
-            attend = self.attended(len(prompt_ids) + previous + k + 1 + shape.width)
+            attend = self.attended(len(prompt_ids) + previous + reach + 1 + shape.width)
             previous = generated
             if b.lanes:
                 if not ahead:
@@ -773,9 +792,9 @@ class Engine:
                 current, lane = b.lanes[attend][lane], 1 - lane
                 # run the next step ahead, unless this one may end on the budget (then the next one
                 # might not fit the context); a step ending on a stop token wastes the one ahead
-                ahead = generated + k + 1 < gen.max_new_tokens
+                ahead = generated + reach + 1 < gen.max_new_tokens
                 if ahead:
-                    ahead_lane = b.lanes[self.attended(len(prompt_ids) + generated + k + 1 + shape.width)][lane]
+                    ahead_lane = b.lanes[self.attended(len(prompt_ids) + generated + reach + 1 + shape.width)][lane]
                     self._launch(b, ahead_lane, params, generator)
                 current.copied.synchronize()  # the one device-to-host sync of this step
                 packed = current.host.tolist()
@@ -792,13 +811,13 @@ class Engine:
                 timer.mark()
                 packed = b.result.tolist()  # the one device-to-host sync of this step
                 draft_ms, verify_ms = timer.read()
-            n, tokens, probs, tree, target_top, draft_top = unpack_result(packed, k, shape.nodes)
+            n, tokens, probs, tree, target_top, draft_top = unpack_result(packed, reach, shape.verified, shape.lookup)
             emitted, reason = _cut(tokens, stop, gen.max_new_tokens - generated)
             if reason is None and out_of_time():
                 reason = "time"
             kept = min(n, len(emitted))  # accepted drafts the reply keeps: none past its end
             if k:
-                stats.observe_draft(k, kept)
+                stats.observe_draft(reach, kept)
             generated += len(emitted)
             done = reason is not None
             if done and ahead:  # the step run ahead was wasted: this generation pays for it
@@ -878,6 +897,9 @@ class Engine:
         if b.tree is not None:
             b.tree.root_token.copy_(token.view(1))
             b.tree.root_slot.fill_(P)
+            if b.tree.history is not None:  # what a lookup branch copies from: the prompt, then the first token
+                b.tree.history[:P].copy_(b.prefill_ids[0, :P])
+                b.tree.history[P:P + 1].copy_(token.view(1))
         else:
             b.verify_tokens[:, :1].copy_(token.view(1, 1))
             b.verify_positions.copy_(torch.arange(P, P + b.shape.width, device=dev).view(1, -1))
@@ -888,7 +910,7 @@ class Engine:
             if b.catch_features is not None:
                 b.catch_features[:, 1:].zero_()
             b.catch_tokens[0, :1].copy_(token.view(1))
-            b.catch_positions.copy_(torch.arange(P - 1, P + k, device=dev).view(1, -1))
+            b.catch_positions.copy_(torch.arange(P - 1, P + b.shape.reach, device=dev).view(1, -1))
             b.catch_last.zero_()
         top = probs[0].topk(TOP_SHOWN)
         packed = torch.cat((token.view(1).double(), probs[0].gather(0, token.view(1)).double(),
@@ -920,10 +942,11 @@ def pack_result(n: torch.Tensor, tokens: torch.Tensor, token_probs: torch.Tensor
     return torch.cat([p.reshape(-1).double() for p in parts])
 
 
-def unpack_result(packed: list[float], depth: int, nodes: int):
+def unpack_result(packed: list[float], depth: int, nodes: int, copied: int = 0):
     """The host's reading of pack_result: (accepted n, the n+1 emitted tokens, their probabilities, the
     tree, the target's top (token, p) per emitted position, a chain drafter's top (token, q) per draft
-    position or None)."""
+    position or None). depth: the most a step accepts (DraftShape.reach); nodes: its verified ones, of
+    which the last `copied` are a lookup branch's."""
     D, N = depth, nodes
     n = int(packed[0])
     at = 1
@@ -938,7 +961,7 @@ def unpack_result(packed: list[float], depth: int, nodes: int):
     node_tokens = [int(t) for t in take(N)]
     parents = [int(i) for i in take(N)]
     q = take(N)
-    tree = DraftTree(node_tokens, parents, None if any(x < 0 for x in q) else q, take(N), path)
+    tree = DraftTree(node_tokens, parents, None if any(x < 0 for x in q) else q, take(N), path, copied)
     def tops(rows):  # noqa: E306
         ids, values = take(rows * TOP_SHOWN), take(rows * TOP_SHOWN)
         return [[(int(t), v) for t, v in zip(ids[r * TOP_SHOWN:(r + 1) * TOP_SHOWN], values[r * TOP_SHOWN:(r + 1) * TOP_SHOWN])]

@@ -1,4 +1,4 @@
-"""A prompt-lookup branch for a draft tree, on the device (T = 0 trees; the engine does not draft one yet).
+"""A prompt-lookup branch for a draft tree, on the device: what `TreeShape.lookup` adds to a step (demo/engine.py).
 
 Prompt lookup (vLLM's n-gram proposer) drafts by copying: it finds the latest earlier
 occurrence of the text's last few tokens and proposes what followed it. Beside an EAGLE tree it costs

@@ -48,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--num-draft-tokens", type=int, default=0,
                    help="a tree's tokens verified per step, the root included (SGLang's "
                         "--speculative-num-draft-tokens); 0: every drafted node")
+    m.add_argument("--lookup", type=int, default=0,
+                   help="verify a prompt-lookup branch of this many tokens beside a tree's nodes: what followed "
+                        "the text's last 1 to 4 tokens where they last appeared (demo/tree_lookup.py); trees of "
+                        "the drafter's top choices only (T = 0, or --draft-sampling pointmass)")
     m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default=DEFAULT_DRAFT_SAMPLING,
                    help="T > 0: 'pointmass' drafts the drafter's top choices, accepted with p (siblings in turn); "
                         "'q' draws drafts from the drafter's q, accepted with min(1, p/q); 'wor' draws a node's "

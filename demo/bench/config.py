@@ -48,6 +48,7 @@ class BenchConfig:
     num_spec_tokens: int = 3  # k: draft tokens per step, or a tree's depth
     tree_topk: int | None = None  # a tree: children per node (None: a chain)
     num_draft_tokens: int = 0  # a tree's tokens verified per step, the root included (0: every node)
+    lookup: int = 0  # a tree's prompt-lookup branch: tokens verified beside the drafter's (TreeShape.lookup)
     draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0 (demo.methods)
     ceiling: bool = False  # draft with the target itself (q = p): each rule's acceptance with a perfect drafter
     # engine
@@ -82,7 +83,7 @@ class BenchConfig:
 
     @property
     def tree(self) -> TreeShape | None:
-        return TreeShape(self.tree_topk, self.num_draft_tokens) if self.tree_topk else None
+        return TreeShape(self.tree_topk, self.num_draft_tokens, self.lookup) if self.tree_topk else None
 
     @property
     def shape(self) -> DraftShape:
@@ -160,6 +161,8 @@ class BenchConfig:
             raise BenchConfigError("--tree-topk and --num-draft-tokens shape the drafts: --method none has none")
         if self.num_draft_tokens and not self.tree_topk:
             raise BenchConfigError("--num-draft-tokens sizes a tree: give --tree-topk too")
+        if self.lookup and not self.tree_topk:
+            raise BenchConfigError("--lookup hangs a branch on a tree: give --tree-topk too")
         if self.method != "none":
             try:
                 self.shape.check()

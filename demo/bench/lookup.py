@@ -25,10 +25,10 @@ import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 
-MAX_NGRAM = 4  # the longest suffix looked up (vLLM's n-gram example sets prompt_lookup_max to 4)
+from demo.config import LOOKUP_NGRAM
 
 
-def continuation(context: list[int], length: int, max_ngram: int = MAX_NGRAM) -> list[int]:
+def continuation(context: list[int], length: int, max_ngram: int = LOOKUP_NGRAM) -> list[int]:
     """The `length` tokens a prompt lookup drafts after `context`: find the latest earlier occurrence
     of its longest suffix of at most max_ngram tokens, and copy what followed it; where the copy
     reaches the end of the context it goes on as the repeat it is (the span from the occurrence to
@@ -52,7 +52,7 @@ class Recorded:
     steps: list[tuple[int, int]]
 
 
-def replay(r: Recorded, branch: int, max_ngram: int = MAX_NGRAM) -> tuple[int, int]:
+def replay(r: Recorded, branch: int, max_ngram: int = LOOKUP_NGRAM) -> tuple[int, int]:
     """(accepted drafts, decoding steps) to emit r.tokens again with a lookup branch of `branch`
     tokens beside the drafter's draft (0: the drafter alone, which reproduces the record)."""
     starts = [s for s, _ in r.steps]
@@ -76,7 +76,7 @@ def replay(r: Recorded, branch: int, max_ngram: int = MAX_NGRAM) -> tuple[int, i
     return total, steps
 
 
-def mean_acceptance(records: list[Recorded], branch: int, max_ngram: int = MAX_NGRAM) -> float:
+def mean_acceptance(records: list[Recorded], branch: int, max_ngram: int = LOOKUP_NGRAM) -> float:
     """1 + accepted drafts / decoding steps over every record (AcceptanceStats' definition)."""
     accepted = steps = 0
     for r in records:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                                 add_help=False)
     p.add_argument("--branch", type=int, action="append", default=[], metavar="N",
                    help="a lookup branch of N tokens (repeatable)")
-    p.add_argument("--max-ngram", type=int, default=MAX_NGRAM, help="the longest suffix looked up")
+    p.add_argument("--max-ngram", type=int, default=LOOKUP_NGRAM, help="the longest suffix looked up")
     p.add_argument("--prompts", action="append", default=[], metavar="FILE", help="a prompt set (repeatable)")
     own, rest = p.parse_known_args(argv)
     if {"-h", "--help"} & set(rest):

@@ -192,11 +192,12 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
 
     warmup_s = warm_up(engine, tokenizer, questions, config, deadline)
     k = config.k
-    totals = AcceptanceStats(num_spec_tokens=k)
+    reach = config.shape.reach if k else 0  # the most drafts a step accepts (a lookup branch's included)
+    totals = AcceptanceStats(num_spec_tokens=reach)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
     records = []
     twin = eager_twin(engine) if config.check_parity else None  # --check-parity's eager decodes
-    eager = {"records": [], "totals": {"counts": AcceptanceStats(num_spec_tokens=k)}}
+    eager = {"records": [], "totals": {"counts": AcceptanceStats(num_spec_tokens=reach)}}
     for done, q in enumerate(questions, 1):
         messages = []
         for turn, text in enumerate(q["turns"] if config.all_turns else q["turns"][:1], 1):

@@ -22,6 +22,8 @@ def shape_label(config: dict, short: bool = False) -> str:
         label = f"tree {shape['depth']} × {shape['topk']}, {shape['nodes'] + 1}"
     else:
         label = f"tree depth {shape['depth']} x top-{shape['topk']}, {shape['nodes'] + 1} tokens verified per step"
+    if shape.get("lookup"):
+        label += f" + lookup {shape['lookup']}" if short else f", and a lookup branch of {shape['lookup']}"
     if shape.get("sampled") and not short:
         label += ", drafts sampled from q" + (" without replacement" if shape.get("without_replacement") else "")
     return label

@@ -49,7 +49,7 @@ def trace_record(trace: RunTrace, reply: Turn, *, messages: list[dict], token_te
         if tree is not None:
             step["drafts"] = {"ids": tree.tokens, "texts": [text(i) for i in tree.tokens], "parents": tree.parents,
                               "depths": tree.depths, "q": tree.draft_probs, "p": tree.target_probs,
-                              "accepted_path": tree.path}
+                              "accepted_path": tree.path, "copied": tree.copied}  # the last `copied`: the prompt lookup's
         steps.append(step)
     return {"format": TRACE_FORMAT, "settings": trace.settings or {"method": trace.method, "mode": trace.mode,
                                                                   "num_spec_tokens": trace.num_spec_tokens},

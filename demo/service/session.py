@@ -249,7 +249,8 @@ class Session:
                 engine.prepare(shape, sampled=gen.temperature > 0)
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
-        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(k), settings=request.settings())
+        chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(request.shape.reach),
+                              settings=request.settings())
         chat.comparison = None
         decoder = IncrementalDecoder(self.tokenizer)
         for event in engine.generate(ids, clock.bound(gen)):
@@ -319,7 +320,7 @@ class Session:
         request's time ran out before it ended (a cut run would compare a prefix)."""
         k = gen.num_spec_tokens
         turn = Turn("assistant", "", label=label, state="streaming")
-        trace = RunTrace(method, chat.trace.mode, k, AcceptanceStats(k))
+        trace = RunTrace(method, chat.trace.mode, k, AcceptanceStats(gen.draft_shape(k).reach))
         decoder = IncrementalDecoder(self.tokenizer)
         if clock.expired():
             return None

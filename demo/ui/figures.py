@@ -198,7 +198,10 @@ def tree_figure(tree: DraftTree | None, token_text: list[str], step: int, note: 
             what = "rejected"
         else:
             what = "below a rejected token"
-        probs = (f"q = {q[i]:.3f}" if q is not None else "q: not recorded") + f" · p = {tree.target_probs[i]:.3f}"
+        if tree.is_copied(node):
+            what += ", copied from the text (prompt lookup)"
+        probs = ("q: none, not drafted" if tree.is_copied(node) else f"q = {q[i]:.3f}" if q is not None
+                 else "q: not recorded") + f" · p = {tree.target_probs[i]:.3f}"
         hover.append(f"node {node}: {what}<br>token: {token}<br>depth {depths[node]} · {probs}")
         colors.append(depth_color(depths[node]) if node in on_path else REJECTED_COLOR)
         text_colors.append("#1b1b1b" if node in on_path else "#5f6368")

@@ -51,7 +51,7 @@ def tokens_at(trace: RunTrace, step: int) -> int:
 def stats_at(trace: RunTrace, step: int) -> AcceptanceStats:
     """The run's totals as they were after `step` (-1: before its prefill ended, nothing), counted
     again from its points; after its last step they equal trace.stats."""
-    stats = AcceptanceStats(trace.num_spec_tokens)
+    stats = AcceptanceStats(trace.stats.num_spec_tokens)  # the most a step accepts (a lookup branch reaches past k)
     if step < 0:
         return stats
     stats.observe_prefill(trace.stats.prefill_ms)

@@ -183,3 +183,20 @@ def test_shown_ids_cover_every_token_the_inspector_names():
     step = chain_step(n=1)
     ids = set(shown_ids(step))
     assert {10, 11, 12, 13, 99} | {t for t, _ in TOP5} <= ids
+
+
+def test_a_lookup_branchs_nodes_are_named_copies_with_no_q_and_stay_out_of_the_drafters_candidates():
+    # TREE_PARENTS, then a lookup branch of 2 hung on node 1 (nodes 7, 8), accepted along 1, 7, 8
+    tokens = [20 + i for i in range(1, 9)]
+    tree = DraftTree(tokens, TREE_PARENTS + [1, 7], [0.6, 0.3, 0.5, 0.4, 0.8, 0.7, 0.0, 0.0],
+                     [0.3, 0.5, 0.2, 0.4, 0.9, 0.1, 0.8, 0.7], [1, 7, 8], copied=2)
+    emitted = [21, 27, 28, 99]
+    step = StepRecord(1, 5, tokens, 3, emitted, [0.5] * 4, False, 3.0, 9.0, 0.1, tree, [TOP5] * 4, None)
+    at = positions(step, GREEDY)
+    depth2 = {c.token: c for c in at[1].drafts}
+    assert set(depth2) == {23, 24, 27} and depth2[27].copied and depth2[27].q is None
+    assert "copied from the text" in depth2[27].why and depth2[27].status == "accepted"
+    assert [t for t, _ in at[1].drafter_top] == [23, 24]  # the drafter's own candidates only
+    assert "prompt lookup" in at[1].emitted[2] and "accepted draft 1" == at[0].emitted[2]
+    html = page(render_inspector(trace_of(step), 1, {t: f"t{t}" for t in tokens + [99]})).text
+    assert "the last 2 copied from the text" in html and "q = 0.000" not in html

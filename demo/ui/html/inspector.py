@@ -109,6 +109,7 @@ class Candidate:
     p: float  # the target's probability of it there
     status: str  # "accepted", "rejected", "untried" (a sibling was accepted first), "discarded" (below a rejection)
     why: str
+    copied: bool = False  # copied from the text by the prompt lookup (TreeShape.lookup), not drafted
 
 
 @dataclass
@@ -141,7 +142,8 @@ def _verdicts(tree: DraftTree, nodes: list[int], accepted: int | None, rule: str
     out, tried_mass, seen, done = [], 0.0, set(), False
     for i, node in enumerate(nodes):
         token, p = tree.tokens[node - 1], tree.target_probs[node - 1]
-        q = tree.draft_probs[node - 1] if tree.draft_probs is not None else None
+        copied = tree.is_copied(node)
+        q = tree.draft_probs[node - 1] if tree.draft_probs is not None and not copied else None
         if not verified:
             status, why = "discarded", "not verified: it hangs below a rejected draft"
         elif rule == GREEDY:
@@ -168,7 +170,9 @@ def _verdicts(tree: DraftTree, nodes: list[int], accepted: int | None, rule: str
             tried_mass += 0.0 if token in seen else p
             seen.add(token)
         done = done or node == accepted
-        out.append(Candidate(token, q, p, status, why))
+        if copied:
+            why = "copied from the text by the prompt lookup, not drafted; " + why
+        out.append(Candidate(token, q, p, status, why, copied))
     return out
 
 
@@ -185,7 +189,8 @@ def positions(record: StepRecord, rule: str) -> list[Position]:
         elif tree is None:
             how = "the target's own token (target only: no drafts)"
         else:
-            how = f"accepted draft {j + 1}" if j < n else _own_token_how(record, rule, rejected)
+            how = ((f"accepted copy {j + 1} (the prompt lookup's)" if tree.is_copied(tree.path[j])
+                    else f"accepted draft {j + 1}") if j < n else _own_token_how(record, rule, rejected))
         return (*emitted[j], how)
 
     def target_top_at(j: int):
@@ -205,7 +210,7 @@ def positions(record: StepRecord, rule: str) -> list[Position]:
         if record.draft_top is not None and j < len(record.draft_top):
             drafter_top = list(record.draft_top[j])  # a chain: the drafter's own top 5 there
         else:
-            drafter_top = [(c.token, c.q) for c in drafts]  # a tree: its candidates are the children
+            drafter_top = [(c.token, c.q) for c in drafts if not c.copied]  # a tree: its candidates are the children
         out.append(Position(j + 1, drafts, drafter_top, target_top_at(j), emitted_at(j, bool(kids))))
     return out
 
@@ -289,8 +294,11 @@ def _summary(record: StepRecord) -> str:
     tree = record.tree
     depth = max(tree.depths, default=0)
     shape = (f"a chain of {len(tree.tokens)} drafts" if record.draft_top is not None or
-             all(p == i for i, p in enumerate(tree.parents)) else
+             all(p == i for i, p in enumerate(tree.parents)) and not tree.copied else
              f"a tree of {len(tree.tokens)} drafts, {depth} deep")
+    if tree.copied:
+        shape += (f" (the last {tree.copied} copied from the text: what followed its last tokens where they "
+                  "appeared before)")
     cut = " — the reply ended inside this step" if cut_short(record) else ""
     return (f"drafted {shape}; the target accepted {record.num_accepted} and emitted "
             f"{len(record.token_ids)} token{'s' if len(record.token_ids) != 1 else ''}{cut}")
