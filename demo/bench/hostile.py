@@ -27,7 +27,7 @@ import httpx
 HOSTILE, VISITOR = {"X-Forwarded-For": "10.66.0.1"}, {"X-Forwarded-For": "10.77.0.1"}
 LONG_PROMPT = "Write a very long story about a lighthouse keeper, chapter by chapter."  # a reply that runs to its limit
 GENERATE = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed",
-            "tree_topk", "num_draft_tokens", "draft_sampling"]
+            "tree_topk", "num_draft_tokens", "draft_sampling", "lookup"]
 
 
 class App:
@@ -55,7 +55,7 @@ class App:
         """POST /call/generate and read its stream to the end: (status, the last value or None)."""
         values = {"prompt": "Say hi.", "method": "eagle3", "mode": "eager", "num_spec_tokens": 3, "temperature": 0.0,
                   "top_p": 1.0, "max_new_tokens": 24, "seed": 0, "tree_topk": 0, "num_draft_tokens": 0,
-                  "draft_sampling": "pointmass", **settings}
+                  "draft_sampling": "pointmass", "lookup": 0, **settings}
         r = http.post(self.url + "gradio_api/call/generate", content=json.dumps({"data": [values[k] for k in GENERATE]}),
                       headers={**headers, "content-type": "application/json"}, timeout=60)
         if r.status_code != 200:

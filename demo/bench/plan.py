@@ -77,7 +77,8 @@ class BenchPlan:
         if "tree" not in self.shapes:
             return chains
         depth, tree = default_tree_draft(self.device_type)
-        return chains + [dict(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.num_draft_tokens)]
+        return chains + [dict(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.num_draft_tokens,
+                              lookup=tree.lookup)]
 
     def configs(self) -> list[BenchConfig]:
         """Mode by mode: target only, then each drafting method in each draft shape (``drafts``:
@@ -261,17 +262,20 @@ def eager_report(reports: list[dict], config: dict) -> dict | None:
 
 
 def draft_fields(config: dict) -> dict:
-    """A report config's draft shape as BenchConfig's fields: tree_topk and num_draft_tokens of a tree,
-    None for a chain (and target only), so that a row names its shape and a CSV reader can rerun it."""
+    """A report config's draft shape as BenchConfig's fields: tree_topk, num_draft_tokens and lookup of a
+    tree, None for a chain (and target only), so that a row names its shape and a CSV reader can rerun it."""
     shape = config.get("shape") or {}
-    tree = bool(shape.get("tree")) and shape.get("topk", 1) > 1  # a tree of top-1 is a chain (shape_label)
-    return {"tree_topk": shape["topk"] if tree else None, "num_draft_tokens": shape["nodes"] + 1 if tree else None}
+    # a tree of top-1 is a chain (shape_label), unless a lookup branch hangs on it
+    tree = bool(shape.get("tree")) and (shape.get("topk", 1) > 1 or bool(shape.get("lookup")))
+    return {"tree_topk": shape["topk"] if tree else None, "num_draft_tokens": shape["nodes"] + 1 if tree else None,
+            "lookup": shape.get("lookup", 0) if tree else None}
 
 
 def row_config(row: dict) -> BenchConfig:
     """The configuration a summary or category row measured, as far as its label needs (BenchConfig.label)."""
     return BenchConfig(method=row["method"], mode=row["mode"], num_spec_tokens=row["k"], fault=row.get("fault"),
-                       tree_topk=row.get("tree_topk"), num_draft_tokens=row.get("num_draft_tokens") or 0)
+                       tree_topk=row.get("tree_topk"), num_draft_tokens=row.get("num_draft_tokens") or 0,
+                       lookup=row.get("lookup") or 0)
 
 
 def run_parity(reports: list[dict], report: dict) -> dict | None:

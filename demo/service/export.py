@@ -86,14 +86,15 @@ def environment(**extra) -> dict:
 
 
 # ---------------------------------------------------------------------- benchmark CSV
-CSV_COLUMNS = ["method", "mode", "k", "tree_topk", "num_draft_tokens", "fault", "category", "prompts", "generated_tokens",
+CSV_COLUMNS = ["method", "mode", "k", "tree_topk", "num_draft_tokens", "lookup", "fault", "category", "prompts",
+               "generated_tokens",
                "mean_acceptance_length", "tokens_per_s", "speedup", "mean_draft_ms", "mean_verify_ms", "parity"]
 
 
 def bench_csv(summary: list[dict], categories: list[dict]) -> str:
     """A benchmark as CSV: per configuration its totals (category "all", with acceptance at draft
     1..k as acceptance_at_draft_i) and, for a captured run, the parity check in a sentence, then its
-    rows per prompt category; a tree's tree_topk and num_draft_tokens (the bench's flags; k its depth)
+    rows per prompt category; a tree's tree_topk, num_draft_tokens and lookup (the bench's flags; k its depth)
     are empty for a chain; `fault` names a capture-lab run's fault. Empty cells: not measured or not
     one (a category has no speedup or step times of its own)."""
     depth = max((len(r["acceptance_per_position"]) for r in summary), default=0)

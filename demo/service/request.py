@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
+from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
 from demo.methods import APP_MAX_SPEC_TOKENS, num_drafts
 
 # Allowed ranges of the generation settings (inclusive), checked before any engine call.
@@ -23,7 +23,8 @@ LIMITS = {
     "max_new_tokens": (1, 2048),
     "seed": (0, 2**31 - 1),
 }
-TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOKENS)}  # 0 tokens: every node
+TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOKENS),  # 0 tokens: every node
+               "lookup": (0, MAX_LOOKUP)}
 # A prompt (with the conversation before it) longer than max_context * this many characters cannot
 # fit the context and is refused before it is tokenized: English runs about 4 characters per token,
 # and no real text packs 32 into every token of a prompt.

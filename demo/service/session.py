@@ -279,7 +279,8 @@ class Session:
         if request.k:
             shape = request.shape
             drafts = (f"k = {request.k}" if shape.chain  # a chain drawn from q runs as a tree of top-1
-                      else f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens")
+                      else f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens"
+                      + (f" with a lookup branch of {shape.lookup}" if shape.lookup else ""))
             method += f" ({drafts}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
                                         else "") + ")"
         return f"{self.name} · {method} · {MODE_LABELS[request.mode]}"

@@ -25,18 +25,20 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
     def generate(prompt: str, method: str = d.method, mode: str = mode, num_spec_tokens: int | None = None,
                  temperature: float = g.temperature, top_p: float = g.top_p, max_new_tokens: int = g.max_new_tokens,
                  seed: int = g.seed, tree_topk: int | None = None, num_draft_tokens: int | None = None,
-                 draft_sampling: str = g.draft_sampling) -> Iterator[dict]:
+                 draft_sampling: str = g.draft_sampling, lookup: int | None = None) -> Iterator[dict]:
         """Generate a reply to `prompt` (one turn), streaming one value per decoding step. Each value
         holds `delta` (the text this step added), `step`, `stats` (the stats panel's numbers:
         tokens_per_call, mean_acceptance_length, acceptance_per_position, tokens_per_s, ...),
         `status`, `done`, `finish_reason`, and in the last value `text`, the whole reply, and
         `html`, the highlighted rendering the UI shows (so a reply streams in size linear in its length). tree_topk > 0
         drafts a tree of depth num_spec_tokens with that many children per node, verifying
-        num_draft_tokens per step (the root included; 0: every node); 0 drafts a chain. The mode
-        defaults to the device's fastest, and num_spec_tokens, tree_topk and num_draft_tokens left
-        out (None) to the device's fastest draft shape at this temperature."""
+        num_draft_tokens per step (the root included; 0: every node), and beside them a prompt-lookup
+        branch of `lookup` tokens copied from the text where it repeats itself (T = 0 and the pointmass
+        rule; 0: none); 0 drafts a chain. The mode defaults to the device's fastest, and
+        num_spec_tokens, tree_topk, num_draft_tokens and lookup left out (None) to the device's fastest
+        draft shape at this temperature."""
         session = Session(cache.get(cache.default_name))
-        k, tree = draft_of(session.default_draft(temperature), num_spec_tokens, tree_topk, num_draft_tokens)
+        k, tree = draft_of(session.default_draft(temperature), num_spec_tokens, tree_topk, num_draft_tokens, lookup)
         request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=k,
                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                              tree=tree, draft_sampling=draft_sampling)
@@ -51,13 +53,14 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
 
 
 def draft_of(default: tuple[int, TreeShape | None], num_spec_tokens: int | None, tree_topk: int | None,
-             num_draft_tokens: int | None) -> tuple[int, TreeShape | None]:
-    """(k, tree) of a /generate call: each of its three shape parameters as given, or where left
+             num_draft_tokens: int | None, lookup: int | None = None) -> tuple[int, TreeShape | None]:
+    """(k, tree) of a /generate call: each of its four shape parameters as given, or where left
     out (None) as in `default`, the device's fastest shape at the request's temperature."""
     k, tree = default
     topk = (tree.topk if tree else 0) if tree_topk is None else tree_topk
     nodes = (tree.num_draft_tokens if tree else 0) if num_draft_tokens is None else num_draft_tokens
-    return (k if num_spec_tokens is None else num_spec_tokens), (TreeShape(topk, nodes) if topk else None)
+    branch = (tree.lookup if tree else 0) if lookup is None else lookup
+    return (k if num_spec_tokens is None else num_spec_tokens), (TreeShape(topk, nodes, branch) if topk else None)
 
 
 def values(updates, session: Session) -> Iterator[dict]:

@@ -29,10 +29,11 @@ def bench_figure(rows: list[dict]) -> go.Figure:
                                         "Tokens per second"))
     series: dict[tuple, list[dict]] = {}
     for row in rows:
-        key = (row["method"], row["mode"], row.get("fault"), row.get("tree_topk"), row.get("num_draft_tokens"))
+        key = (row["method"], row["mode"], row.get("fault"), row.get("tree_topk"), row.get("num_draft_tokens"),
+               row.get("lookup"))
         series.setdefault(key, []).append(row)
     ks = sorted({row["k"] for row in rows})
-    for (method, mode, fault, tree_topk, _), points in series.items():
+    for (method, mode, fault, tree_topk, _, _), points in series.items():
         points, tree = sorted(points, key=lambda r: r["k"]), tree_topk is not None
         name = f"{METHOD_LABELS[method]} · {MODE_LABELS[mode]}" if fault is None else \
             f"{METHOD_LABELS[method]} · {capture_label(mode)} · {FAULT_SHORT[fault]}"

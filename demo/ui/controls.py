@@ -44,6 +44,7 @@ class Controls:
     tree_options: gr.Column
     tree_topk: gr.Slider
     num_draft_tokens: gr.Slider
+    lookup: gr.Slider  # a tree's prompt-lookup branch (TreeShape.lookup)
     draft_sampling: gr.Radio
     temperature: gr.Slider
     top_p: gr.Slider
@@ -72,7 +73,7 @@ class Controls:
     def settings(self) -> set:
         """The components a request is read from (handlers get their values by component)."""
         return {self.method, self.mode, self.compare, self.draft_shape, self.tree_topk, self.num_draft_tokens,
-                *self.generation.values()}
+                self.lookup, *self.generation.values()}
 
     @property
     def generation(self) -> dict:
@@ -94,8 +95,8 @@ class Controls:
     def request(self, prompt: str, values: dict) -> Request:
         """The request the settings' current values describe (values: component -> value)."""
         as_int = lambda v: int(v) if isinstance(v, float) and v.is_integer() else v  # noqa: E731 (sliders send floats)
-        tree = (TreeShape(as_int(values[self.tree_topk]), as_int(values[self.num_draft_tokens]))
-                if values[self.draft_shape] == "tree" else None)
+        tree = (TreeShape(as_int(values[self.tree_topk]), as_int(values[self.num_draft_tokens]),
+                          as_int(values[self.lookup])) if values[self.draft_shape] == "tree" else None)
         return Request.of(prompt or "", method=values[self.method], mode=values[self.mode],
                           compare=bool(values[self.compare]), tree=tree,
                           **{name: as_int(values[comp]) for name, comp in self.generation.items()})

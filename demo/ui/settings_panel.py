@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_TREE_TOPK, DraftShape, TreeShape, default_draft, default_tree
+from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, TreeShape, default_draft, default_tree
 from demo.methods import METHOD_LABELS, MODE_LABELS
 from demo.service.model_cache import RANDOM_INIT
 from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number
@@ -92,6 +92,9 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
                                                                    hi_nodes), step=1,
                                      label="Tokens verified per step", elem_id="sl-draft-tokens",
                                      info="the root included; the most: every drafted node")
+        lookup = gr.Slider(0, MAX_LOOKUP, value=tree.lookup, step=1, label="Lookup branch", elem_id="sl-lookup",
+                           info="tokens copied from the text where its last words appeared before, verified "
+                                "beside the tree (T = 0 and point-mass drafts); 0: none")
     draft_sampling = gr.Radio(DRAFT_SAMPLING_CHOICES, value=gen.draft_sampling, label="Draft sampling at T > 0",
                               elem_id="sl-draft-sampling", info="at T = 0 drafts are the drafter's top choices")
     temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
@@ -104,7 +107,7 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
     compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
                           **compare_options(method.value))
     return dict(method=method, mode=mode, num_spec_tokens=num_spec_tokens, draft_shape=draft_shape,
-                tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens,
+                tree_options=tree_options, tree_topk=tree_topk, num_draft_tokens=num_draft_tokens, lookup=lookup,
                 draft_sampling=draft_sampling, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                 seed=seed, compare=compare)
 

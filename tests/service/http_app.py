@@ -49,9 +49,9 @@ def events(http: httpx.Client, url: str, path: str):
 def post_generate(http: httpx.Client, url: str, headers: dict, **params) -> httpx.Response:
     """POST /gradio_api/call/generate with the contract's parameters by name (the rest default)."""
     order = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed",
-             "tree_topk", "num_draft_tokens", "draft_sampling"]
+             "tree_topk", "num_draft_tokens", "draft_sampling", "lookup"]
     defaults = dict(prompt=PROMPT, method="eagle", mode="eager", num_spec_tokens=3, temperature=0.0, top_p=1.0,
-                    max_new_tokens=8, seed=0, tree_topk=0, num_draft_tokens=0, draft_sampling="pointmass")
+                    max_new_tokens=8, seed=0, tree_topk=0, num_draft_tokens=0, draft_sampling="pointmass", lookup=0)
     data = [{**defaults, **params}[name] for name in order]
     return http.post(url + "gradio_api/call/generate", content=json.dumps({"data": data}),  # NaN as a script sends it
                      headers={**headers, "content-type": "application/json"}, timeout=30)

@@ -9,7 +9,7 @@ from demo.views import build_demo
 from tests.tiny_chat import tiny_session
 
 CONTRACT = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed", "tree_topk",
-            "num_draft_tokens", "draft_sampling"]
+            "num_draft_tokens", "draft_sampling", "lookup"]
 
 
 def free_port() -> int:
@@ -59,6 +59,17 @@ def test_generate_drafts_a_tree_when_asked_and_stays_the_targets_text(client):
     tree = client.predict(prompt="Say a", method="eagle3", num_spec_tokens=3, max_new_tokens=12, tree_topk=2,
                           num_draft_tokens=6, api_name="/generate")
     assert tree["text"] == chain["text"] and tree["done"]
+
+
+def test_generate_verifies_a_lookup_branch_when_asked_and_stays_the_targets_text(client):
+    chain = client.predict(prompt="Say a", method="eagle3", num_spec_tokens=3, tree_topk=0, max_new_tokens=24,
+                           api_name="/generate")
+    looked = client.predict(prompt="Say a", method="eagle3", num_spec_tokens=2, max_new_tokens=24, tree_topk=2,
+                            num_draft_tokens=4, lookup=8, api_name="/generate")
+    assert looked["text"] == chain["text"] and looked["done"]
+    # the tiny chat model says "a" over and over: the branch copies it, and steps accept past depth 2
+    assert len(looked["stats"]["acceptance_per_position"]) == 2 + 8
+    assert looked["stats"]["acceptance_per_position"][2] > 0
 
 
 def test_generate_refuses_bad_input_with_the_message(client):
