@@ -17,6 +17,7 @@ import torch
 
 from demo.config import DraftShape, TreeShape
 from demo.tree import best_in_order, draft_tree
+from demo.tree_lookup import graft_branch
 from demo.tree_verify import tree_pointmass_rule, tree_q_rule, tree_wor_rule
 
 V, ROOT, DRAWS = 6, 2, 30000
@@ -110,6 +111,24 @@ def test_pointmass_trees_emit_the_targets_distribution_and_the_test_rejects_wron
     left = 1 - (earlier * probs[parents, tokens][None, :]).sum(1)  # [N+1]
     n, _, out = rule(tokens, parents, depths, probs, DEPTH, u / left[1:], noise)
     assert first_two_p_value(n, out, gen) < ALPHA
+
+
+def test_a_pointmass_tree_with_a_lookup_branch_emits_the_targets_distribution():
+    # a lookup branch is a function of the text before the step, so to the rule it is more deterministic
+    # drafts: hung past the tree's first node (the walk follows it), it adds depth-2 to depth-6 nodes
+    gen = torch.Generator().manual_seed(1)
+    shape = DraftShape.of(DEPTH, TREE, False)
+    tokens, parents, depths, *_ = drafted(shape, gen)
+    lookup = 3
+    branch = torch.cat((tokens[1:2], torch.tensor([0, 4, 1, 5])))  # [DEPTH + lookup]
+    tokens, parents, depths = graft_branch(tokens, parents, depths, branch, DEPTH, lookup)
+    reach = DEPTH + lookup
+    u, noise = draws(gen, tokens.shape[0] - 1)
+    rule = torch.vmap(tree_pointmass_rule, in_dims=(None, None, None, None, None, 0, 0))
+    n, _, out = rule(tokens, parents, depths, P[tokens], reach, u, noise)
+    assert (n > DEPTH).any()  # some draws accept past the drafter's depth, along the branch
+    assert first_two_p_value(n, out, gen) > ALPHA
+    assert first_two_p_value(n, from_p_after_rejection(n, out, noise), gen) < ALPHA
 
 
 def _run(rule, tokens, parents, depths, q, q_row, gen):
