@@ -65,7 +65,8 @@ def test_the_tree_shape_measures_the_chat_tabs_default_tree_of_the_device_after_
     assert plan.shapes == ("chain", "tree")
     assert [(c.method, c.k, c.tree) for c in plan.configs()] == [
         ("none", 0, None), ("eagle3", 1, None), ("eagle3", 3, None), ("eagle3", k, tree)]  # target only: no shape
-    assert plan.configs()[-1].label == f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens} · eager"
+    branch = f" + lookup {tree.lookup}" if tree.lookup else ""
+    assert plan.configs()[-1].label == f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens}{branch} · eager"
     alone = BenchPlan(methods=("none", "eagle"), ks=(), shapes=("tree",), device_type=device)
     assert [(c.method, c.k, c.tree) for c in alone.configs()] == [("none", 0, None), ("eagle", k, tree)]
     assert BenchPlan().shapes == ("chain",)  # the default plan measures chains (its comment says why)
@@ -88,14 +89,15 @@ def test_work_counts_every_configurations_verified_tokens_warm_up_included():
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"], ids=DEVICE_IDS)
 def test_work_counts_a_trees_tokens_verified_per_step(device):
-    _, tree = default_tree_draft(device)  # its width: num_draft_tokens rows a step, the root included
+    _, tree = default_tree_draft(device)  # its width: num_draft_tokens rows a step, the root included, and its branch's
     assert tree.num_draft_tokens > 0
+    width = tree.num_draft_tokens + tree.lookup
     plan = BenchPlan(methods=("none", "eagle3"), ks=(1, 2), shapes=("chain", "tree"), num_prompts=5,
                      max_new_tokens=64, device_type=device)
-    assert plan.work() == (1 + 2 + 3 + tree.num_draft_tokens) * (5 * 64 + 16)
+    assert plan.work() == (1 + 2 + 3 + width) * (5 * 64 + 16)
     tree_only = BenchPlan(methods=("eagle", "eagle3"), ks=(1, 2), shapes=("tree",), num_prompts=5, max_new_tokens=64,
                           device_type=device)
-    assert tree_only.work() == 2 * tree.num_draft_tokens * (5 * 64 + 16)  # the unused ks count nothing
+    assert tree_only.work() == 2 * width * (5 * 64 + 16)  # the unused ks count nothing
 
 
 @pytest.mark.parametrize("device, methods", [("cpu", ("none", "eagle3")), ("cuda", ("none", "eagle", "eagle3"))],
