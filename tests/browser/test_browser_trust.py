@@ -224,6 +224,16 @@ def test_the_verified_tokens_slider_spans_what_the_trees_shape_allows(app_url, d
     wait_for(lambda: span() == ("4", "11"), 30, "depth 3, top-2: 4 to 11 tokens verified")
 
 
+def test_a_lookup_branch_set_on_the_page_is_drafted_and_named_above_the_reply(app_url, driver):
+    open_page(driver, app_url)
+    choose_shape(driver, "tree")
+    set_setting(driver, "#sl-lookup input[type=number]", 8)
+    generate(driver, "Count from 1 to 30, separated by commas.", 24)
+    wait_for(lambda: finished(driver), 120, "the reply")
+    label = css(driver, "#sl-conversation .sl-assistant .sl-role")[0].text
+    assert "with a lookup branch of 8" in label, label
+
+
 def test_the_race_without_a_comparison_keeps_its_panel(app_url, driver):
     open_page(driver, app_url)
     show_tab(driver, "race")
