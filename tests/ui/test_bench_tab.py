@@ -15,6 +15,7 @@ from demo.bench.plan import BenchPlan, default_tree_draft
 from demo.engine import Engine
 from demo.service.engine_thread import run_on_engine_thread
 from demo.service.hosting import BENCH_WORK_BUDGET
+from demo.ui.bench_tab import DEFAULT_PLAN
 from tests.service.http_app import client, ui_event
 
 SMALL = {"sl-bench-methods": ["none", "eagle"], "sl-bench-ks": [2], "sl-bench-num-prompts": 2, "sl-bench-max-new": 10}
@@ -50,6 +51,13 @@ def test_a_tree_benchmark_shows_a_row_named_by_the_trees_shape_and_a_csv_that_ca
         rows = list(csv.DictReader(io.StringIO(http.get(out["sl-bench-csv"]["value"]["url"], timeout=30).text)))
     assert [(r["method"], r["k"], r["tree_topk"], r["num_draft_tokens"]) for r in rows][:2] == [
         ("none", "0", "", ""), ("eagle", str(depth), str(tree.topk), str(tree.num_draft_tokens))]
+
+
+def test_on_a_public_gpu_the_tabs_default_plan_with_the_default_tree_fits_the_budget():
+    from dataclasses import replace
+
+    plan = replace(DEFAULT_PLAN, device_type="cuda", shapes=("chain", "tree"))
+    assert plan.work() <= BENCH_WORK_BUDGET["cuda"]
 
 
 def test_a_tree_that_takes_a_plan_past_the_public_budget_is_refused_with_a_sentence(public_app):
