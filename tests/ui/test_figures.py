@@ -184,6 +184,15 @@ def test_a_chain_draws_as_one_straight_path():
     assert "q: not recorded" in nodes.hovertext[1]  # a plain chain keeps no q
 
 
+def test_a_lookup_branchs_nodes_hover_as_copies_with_no_q():
+    from dataclasses import replace
+
+    tree = replace(small_tree(), copied=2)  # nodes 5 and 6: the branch's
+    hover = list(nodes_of(tree_figure(tree, TEXTS, 1)).hovertext)
+    assert all("copied from the text" in h and "q: none, not drafted" in h for h in hover[5:7])
+    assert not any("copied" in h for h in hover[:5]) and "q = 0.500" in hover[3]
+
+
 def test_no_tree_says_why():
     fig = tree_figure(None, [], 0, "target only: no drafts")
     assert [a.text for a in fig.layout.annotations] == ["target only: no drafts"]
