@@ -5,7 +5,8 @@ Each step is propose -> verify -> account:
 1. propose (drafter): project the target's features, catch up on the tokens the last
    verification (or the prefill) emitted, paired with the target's features of the positions before
    them (token x[i+1] with feature h[i]); then either chain k-1 greedy single-token steps feeding
-   back the drafter's own hidden state, or expand a tree of depth k (demo/tree.py).
+   back the drafter's own hidden state, or expand a tree of depth k (demo/tree.py), beside which a
+   lookup branch may copy tokens from the text (demo/tree_lookup.py).
 2. verify (target): one forward over [last token, drafts] (k+1 positions for a chain, the tree's
    nodes under a tree mask), then the acceptance rule of demo/sampling.py (chains) or
    demo/tree_verify.py (trees). Rejected positions stay in the caches and are overwritten later; a

@@ -1,9 +1,11 @@
-"""What a prompt-lookup branch would add to a draft at T = 0, before the engine drafts one.
+"""What a prompt-lookup branch would add to a draft at T = 0, estimated by replaying recorded steps.
 
 A prompt-lookup draft (prompt lookup decoding; vLLM's n-gram proposer) copies what
 followed the latest earlier occurrence of the text's last few tokens. Beside the drafter's tree it
 costs no drafter pass, so it can reach past the tree's depth where the text repeats itself (lists,
-code, a small target's loops). This tool measures that before anything is built:
+code, a small target's loops). This tool estimates it from one greedy run, for every branch length
+at once; the engine drafts the branch itself with `--lookup` (``TreeShape.lookup``), which
+``python -m demo.bench.sweep`` measures. The estimate:
 
     python -m demo.bench.lookup --branch 10 --branch 16 --branch 24 \
         --device cpu --hot-tokens off -k 7 --tree-topk 8 --num-draft-tokens 64 --max-new-tokens 256 \

@@ -192,7 +192,7 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
 
     warmup_s = warm_up(engine, tokenizer, questions, config, deadline)
     k = config.k
-    reach = config.shape.reach if k else 0  # the most drafts a step accepts (a lookup branch's included)
+    reach = config.shape.reach  # the most drafts a step accepts (a lookup branch's included; 0: target only)
     totals = AcceptanceStats(num_spec_tokens=reach)
     baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
     records = []

@@ -224,7 +224,7 @@ def test_the_verified_tokens_slider_spans_what_the_trees_shape_allows(app_url, d
     wait_for(lambda: span() == ("4", "11"), 30, "depth 3, top-2: 4 to 11 tokens verified")
 
 
-def test_a_lookup_branch_set_on_the_page_is_drafted_and_named_above_the_reply(app_url, driver):
+def test_a_lookup_branch_set_on_the_page_reaches_the_request_named_above_the_reply(app_url, driver):
     open_page(driver, app_url)
     choose_shape(driver, "tree")
     set_setting(driver, "#sl-lookup input[type=number]", 8)
