@@ -52,9 +52,10 @@ class TreeShape:
 # (depth 4, top-2): its 6 rows verify in about 1.3 one-row forwards, and it was the one shape measured
 # at 1.6 x target-only or more on all three prompt sets. Trees a visitor picks start from
 # DEFAULT_TREES. A GPU's tree verifies a lookup branch of 16 beside its 64 tokens: 15 and 27 % more
-# tokens a forward on the two validation sets, 1.09 and 1.20 x the tokens/s (24 accepts more and is
-# slower; 48 tokens and 16 as fast, accepting less). A CPU pays for every row it verifies: a branch of
-# 4 or 8 beside its tree accepted 6 to 10 % more and ran at 0.67 to 0.90 x, so it has none. docs/RESULTS.md ("Draft shapes", "The CPU's shapes", "A lookup branch") has the figures.
+# tokens a forward on the two validation sets, 1.08 and 1.19 x the tokens/s (24 accepts more and is
+# slower; 48 tokens and 16 about as fast, accepting less). A CPU pays for every row it verifies: a
+# branch of 4 or 8 beside its tree accepted 6 to 10 % more and ran at 0.67 to 0.90 x, so it has none.
+# docs/RESULTS.md ("Draft shapes", "The CPU's shapes", "A lookup branch") has the figures.
 DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64, 16)), "cpu": (4, TreeShape(2, 6))}
 DEFAULT_TREES = {"cuda": TreeShape(8, 64, 16), "cpu": TreeShape(2, 6)}
 # At T > 0 (drafts drawn without replacement, the default rule) a GPU drafts a shallower tree: at
