@@ -331,7 +331,12 @@ class Engine:
         with `sampled` (a generation at T > 0; always for drafts drawn from q) the acceptance test
         at T > 0 too, from then on with every bucket. Always in inference mode, as generate() is:
         buffers a generation allocated are inference tensors, which a later capture outside
-        inference mode could not restore in place."""
+        inference mode could not restore in place. A capture runs steps over the target's cache, so it
+        holds the cache as a generation does (CacheInUse while one is open)."""
+        with self.target.hold_cache(self):
+            return self._prepare(shape, used, sampled)
+
+    def _prepare(self, shape: DraftShape | int, used: int | None, sampled: bool) -> StepBuffers:
         shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
         b = self._buffers.get(shape) or self._allocate(shape)
         if self.mode == "cudagraph":
@@ -747,9 +752,15 @@ class Engine:
         if need > self.max_context:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({gen.max_new_tokens}) + "
                              f"{shape.width} verified per step = {need} exceeds the context of {self.max_context} tokens")
-        params = gen.sampling
+        with self.target.hold_cache(self):  # one generation at a time on the target's cache (CacheInUse)
+            yield from self._generate(prompt_ids, gen, shape, need)
+
+    def _generate(self, prompt_ids: list[int], gen: GenerationConfig, shape: DraftShape, need: int
+                  ) -> Iterator[StepEvent]:
+        """generate's loop, with the target's cache held."""
+        k, reach, params = shape.depth, shape.reach, gen.sampling
         # the most slots a step attends over (see the loop's bound)
-        b = self.prepare(shape, need + reach, sampled=not params.greedy)
+        b = self._prepare(shape, need + reach, sampled=not params.greedy)
         b.temperature.fill_(params.temperature if params.temperature > 0 else 1.0)
         stop = set(gen.stop_token_ids if gen.stop_token_ids is not None else self.eos_token_ids)
         generator = None

@@ -12,6 +12,10 @@ from __future__ import annotations
 import torch
 
 
+class CacheInUse(RuntimeError):
+    """A generation asked for a KV cache that another generation still holds (Target.hold_cache)."""
+
+
 class KVCache:
     """K/V tensors of shape [layers, B, nkv, S, hd], S = capacity in positions."""
 

@@ -11,7 +11,9 @@ without sliding windows, SmolLM2, tied or untied heads.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,7 @@ from demo.kernels.attend import ORDERED_ROWS, attend, causal_seen_slots, orders_
 from demo.kernels.fused import fused_runs, linear_residual, norm_gated, norm_linear, norm_qkv_rope, rope_fits
 from demo.kernels.persistent import LayerStack, fits, persistent_layers, stack_current, stack_layers
 from demo.kernels.runtime import DEFAULT_KERNELS, check_kernels
-from demo.kv_cache import KVCache
+from demo.kv_cache import CacheInUse, KVCache
 from demo.layers import attend_heads, attention, causal_slot_mask, linear, rms_norm, rope_tables, stacked, swiglu_mlp
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -103,6 +105,7 @@ class Target:
         self.cache: KVCache | None = None
         self.cos = self.sin = None
         self._stack: LayerStack | None = None  # the layers' weights stacked for the "persistent" kernels
+        self._holder: object | None = None  # the generation that holds the KV cache (hold_cache)
 
     @property
     def device(self) -> torch.device:
@@ -146,6 +149,20 @@ class Target:
         if eos is None:
             return ()
         return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    @contextmanager
+    def hold_cache(self, holder: object) -> Iterator[None]:
+        """The KV cache for one generation, from its prefill to its last step. A generation leaves
+        its state in the cache between steps, so two may never interleave on one target: a second
+        hold while one is open is refused (CacheInUse), whichever engine of this target asks."""
+        if self._holder is not None:
+            raise CacheInUse("another generation holds this target's KV cache: one generation at a time "
+                             "runs on a target (finish or close the first)")
+        self._holder = holder
+        try:
+            yield
+        finally:
+            self._holder = None
 
     def setup_cache(self, capacity: int, batch: int = 1, exact: bool = False) -> KVCache:
         """Allocate the KV cache and RoPE tables once; a no-op when the current ones are big enough

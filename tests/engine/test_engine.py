@@ -271,3 +271,25 @@ def test_no_draft_accepted_after_the_end_of_the_reply_is_counted(tree, end):
     assert stats.num_accepted_tokens == kept
     assert stats.num_accepted_tokens + stats.num_target_tokens + 1 == stats.num_generated == len(tokens)
     assert stats.tokens_per_call == pytest.approx((len(tokens) - 1) / stats.num_steps)
+
+
+def test_a_target_runs_one_generation_at_a_time_whichever_engine_asks():
+    """A generation leaves its state in the target's cache between steps: a second one on any engine
+    of the same target, or a capture, is refused while the first is open, and runs once it ends."""
+    from demo.kv_cache import CacheInUse
+
+    hf = tiny_hf("llama")
+    target = Target(hf)
+    speculative, plain = Engine(target, tiny_drafter("eagle", target), max_context=128), Engine(target, max_context=128)
+    gen = GenerationConfig(max_new_tokens=12, num_spec_tokens=2, stop_token_ids=())
+    first = speculative.generate(PROMPT, gen)
+    next(first)
+    with pytest.raises(CacheInUse):
+        next(plain.generate(PROMPT, gen))
+    with pytest.raises(CacheInUse):
+        next(speculative.generate(PROMPT, gen))
+    with pytest.raises(CacheInUse):
+        speculative.prepare(3)
+    rest = [t for e in first for t in e.token_ids]  # the first, undisturbed, runs to its end
+    first.close()
+    assert len(rest) == 11 and run(plain, PROMPT, max_new_tokens=12, stop_token_ids=())[0] == hf_greedy(hf, PROMPT, 12)

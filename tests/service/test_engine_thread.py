@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -66,7 +67,7 @@ def test_a_generation_dropped_midway_is_closed():
     assert closed.wait(5)
 
 
-def test_idle_returns_only_after_the_step_in_flight_has_run():
+def test_idle_returns_only_after_the_job_in_flight_has_ended():
     release, ran = threading.Event(), []
 
     def slow_step():
@@ -74,10 +75,52 @@ def test_idle_returns_only_after_the_step_in_flight_has_run():
         ran.append("step")
         yield 1
 
-    asker = ThreadPoolExecutor(1).submit(next, on_engine_thread(slow_step()))  # a step in flight
+    asker = ThreadPoolExecutor(1).submit(next, on_engine_thread(slow_step()))  # a step in flight, then dropped
     threading.Timer(0.2, release.set).start()
     engine_thread_idle()
     assert ran == ["step"] and asker.result() == 1
+
+
+def test_a_generation_holds_the_engine_thread_until_it_ends():
+    """Two generations asked for step by step from two threads: the second's first step runs only
+    once the first has ended, so no step of one comes between two of the other."""
+    order = []
+
+    def generation(name: str, n: int):
+        for i in range(n):
+            order.append((name, i))
+            yield i
+
+    first = on_engine_thread(generation("a", 4))
+    assert next(first) == 0
+    second = ThreadPoolExecutor(1).submit(lambda: list(on_engine_thread(generation("b", 2))))
+    time.sleep(0.3)  # the second waits, its job queued behind the first
+    assert order == [("a", 0)] and not second.done()
+    assert list(first) == [1, 2, 3]
+    assert second.result(timeout=10) == [0, 1]
+    assert order == [("a", i) for i in range(4)] + [("b", 0), ("b", 1)]
+
+
+def test_a_generation_its_consumer_abandoned_frees_the_engine(monkeypatch):
+    """A consumer that stops asking without closing its generation: after ABANDONED_S the job ends,
+    the generation is closed, the next job runs, and a late ask is refused in a sentence."""
+    import demo.service.engine_thread as engine_thread
+
+    monkeypatch.setattr(engine_thread, "ABANDONED_S", 0.3)
+    closed = threading.Event()
+
+    def generation():
+        try:
+            yield from range(10)
+        finally:
+            closed.set()
+
+    dropped = on_engine_thread(generation())
+    assert next(dropped) == 0  # ... and never asked again
+    assert run_on_engine_thread(lambda: "next job") == "next job"  # waited out the abandoned one
+    assert closed.is_set()
+    with pytest.raises(engine_thread.EngineReleased, match="asked for no step"):
+        next(dropped)
 
 
 def test_a_call_runs_on_the_engine_thread_and_one_made_there_runs_in_place():
