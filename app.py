@@ -59,7 +59,10 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     from demo.models.loading import LoadError
     from demo.service import zerogpu
+    from demo.service.hosting import Hosting
     from demo.service.settings import AppSettings
+
+    hosting = Hosting.choose(args.public)
 
     try:
         settings = AppSettings.from_env()
@@ -73,17 +76,15 @@ def main(argv=None) -> None:
     elif not args.no_warmup:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)
-    from demo.service.hosting import Hosting
     from demo.ui.assets import CSS_PATH
     from demo.views import build_demo
 
-    hosting = Hosting.choose(args.public)
     if hosting.public:  # what a request carries reaches the log only in bounded lines
         from demo.service.server_log import bound_log
 
         bound_log()
     demo = build_demo(session, hosting, defaults=settings)
-    demo.queue(default_concurrency_limit=1, max_size=settings.queue_size)
+    hosting.queue(demo, settings.queue_size)
     print(f"[speclens] ready after {time.perf_counter() - start:.1f} s on {session.describe()['device']}, "
           f"{'public' if hosting.public else 'local'}", flush=True)
     demo.launch(share=args.share, css_paths=[CSS_PATH], **hosting.launch_options(demo))

@@ -92,6 +92,12 @@ class Hosting:
         """Public: the seconds one request may hold the engine (None: no limit)."""
         return ENGINE_HOLD_S if self.public else None
 
+    def queue(self, demo, max_size: int = QUEUE_MAX_SIZE) -> None:
+        """Queue `demo`'s events: one engine job at a time (its ENGINE concurrency group; other groups
+        as the UI sets them), at most `max_size` waiting. In public mode the queue is the only way in
+        (``api_open=False``: Gradio's direct routes refuse queued events, as the gate does first)."""
+        demo.queue(default_concurrency_limit=1, max_size=max_size, api_open=not self.public)
+
     def launch_options(self, demo) -> dict:
         """demo.launch keywords: the upload bound, and in public mode the gate (per-client limits)
         and the sessions kept."""

@@ -4,17 +4,24 @@ reads a request, what one client may not do (demo/service/hosting.py names each 
 - every POST: at most CLIENT_POSTS a second on average (a bucket of CLIENT_BURST), and a body of at
   most MAX_BODY_BYTES (MAX_UPLOAD_BYTES for /upload), refused on its Content-Length or, without one,
   as soon as the bytes read pass the bound: nothing larger is buffered;
-- a queue join (/queue/join or /call/<api_name>): a list of exactly the inputs its handler takes (a
-  wrong count is refused in a sentence, where Gradio would print every value it got into the log),
-  each of the kind, range or choices of its component (Gradio would print a traceback for each
-  value it refuses), and at most CLIENT_EVENTS events of the client queued or running, of them at most
-  CLIENT_GENERATIONS generations (GENERATIONS: whatever holds the engine) and CLIENT_PLAYBACKS
-  playbacks (PLAYBACKS), counted from Gradio's own queue across all the client's sessions;
-- files written: at most CLIENT_UPLOADS uploads and CLIENT_FILES written downloads (FILES) per
-  WRITES_WINDOW_S.
+- every event, by whichever route it comes (/queue/join, /call/<api_name>, /run/<api_name>,
+  /api/<api_name>, by fn_index or by name): an event the app has, as a list of exactly the inputs its
+  handler takes (a wrong count is refused in a sentence, where Gradio would print every value it got
+  into the log), each of the kind, range, step or choices of its component (Gradio would print a
+  traceback for each value it refuses);
+- the direct routes (/run/, /api/) only for the events the page itself sends there, those outside
+  the queue: a queued event run directly would skip the queue, its concurrency group and every
+  count below (the queue is the only way in, as Gradio's ``api_open=False`` makes it);
+- what a client holds, counted by each event's role (demo/service/roles.py: the tags the UI gives
+  its events): at most CLIENT_EVENTS events queued or running, of them at most CLIENT_GENERATIONS
+  generations and CLIENT_PLAYBACKS playbacks, counted from Gradio's own queue across all the
+  client's sessions; its events outside the queue one at a time, at most CLIENT_INSTANT_WAITING
+  waiting;
+- files written: at most CLIENT_UPLOADS uploads and CLIENT_FILES written downloads (an event whose
+  outputs hold a file) per WRITES_WINDOW_S.
 
-A refusal is JSON {"detail", "error"} with 413, 422 or 429 and one sentence, and writes nothing to
-the log.
+A refusal is JSON {"detail", "error"} with 404, 413, 422 or 429 and one sentence, and writes nothing
+to the log.
 """
 
 from __future__ import annotations
@@ -27,18 +34,20 @@ import re
 import time
 from collections import defaultdict, deque
 
+from demo.service.roles import GENERATION, INSTANT, PLAYBACK, role, writes_files
+
 # On a Space every request comes from its proxy, which appends the visitor's address to
 # X-Forwarded-For; entries left of the ones its proxies append come from the client and could be forged.
 SPACE_PROXY_HOPS = 1
 
 # What one client (one address) may do at once in public mode, refused before Gradio reads it.
-# Handlers are named by function name (demo/ui/), so those stay.
-GENERATIONS = ("user", "bot", "generate", "run_benchmark", "choose_preset")  # each holds or starts an engine run
-PLAYBACKS = ("follow", "replay", "race")  # read a recorded trace, at a pace (demo/ui/playback.py)
-FILES = ("trace_download", "run_benchmark")  # each writes a file for download (demo/service/downloads.py)
+# Events are counted by their role (demo/service/roles.py), as the UI tags them.
 CLIENT_GENERATIONS = 1  # generations queued or running; a reply's two halves are one (the first has ended)
 CLIENT_PLAYBACKS = 2  # playbacks queued or running: a new Replay while one plays stops the old at its next frame
 CLIENT_EVENTS = 4  # queued or running events of any kind: a quarter of the queue
+# events outside the queue run in the request, on Gradio's worker threads: one at a time per client
+# (a step of a long reply redraws its whole view), the page's few at once waiting their turn
+CLIENT_INSTANT_WAITING = 8
 CLIENT_POSTS, CLIENT_BURST = 10, 60  # POSTs a second on average, and at once (the page sends a few per action)
 CLIENT_UPLOADS, CLIENT_FILES, WRITES_WINDOW_S = 10, 60, 600  # uploads, written downloads per 10 minutes
 MAX_BODY_BYTES = 1 << 20  # a request body: the longest prompt the context takes is well under it
@@ -50,6 +59,9 @@ TOO_FAST = "Too many requests from your address at once: wait a moment, then try
 TOO_MANY_EVENTS = ("You already have several actions waiting or running: wait for them to end, or press Stop, "
                    "then try again.")
 PLAYING = "You already have a replay or a race playing: wait for it to end, or press Stop, then try again."
+NO_SUCH_EVENT = "This app has no such event: reload the page."
+DIRECT_CLOSED = ("This public app answers its events through its queue only: call /gradio_api/call/generate "
+                 "(gradio_client does), or use the page.")
 TOO_MANY_FILES = (f"You have written many files in the last {WRITES_WINDOW_S // 60} minutes (uploads or downloads); "
                   "wait a few minutes, then try again.")
 
@@ -123,7 +135,10 @@ class PublicGate:
     """The middleware (Hosting.launch_options installs it in public mode). `blocks`: the app, whose
     queue says what each client holds."""
 
-    JOIN = re.compile(r"/gradio_api/(queue/join|call/(v2/)?(?P<api_name>[^/]+))/?$")
+    # an event's routes: the queue (by fn_index, or /call/<api_name>), or directly (/run/, /api/:
+    # by fn_index, or by api_name; the page sends its events outside the queue to /run/predict)
+    EVENT = re.compile(r"/gradio_api/(?:(?P<join>queue/join)|call/(?P<v2>v2/)?(?P<call>[^/]+)"
+                       r"|(?:run|api)/(?P<direct>[^/]+))/?$")
     UPLOAD = re.compile(r"/gradio_api/upload/?$")
     SWEEP_S = 60.0  # how often idle clients' counters are dropped (memory stays bounded by active clients)
 
@@ -133,6 +148,7 @@ class PublicGate:
         self.posts = Bucket(CLIENT_POSTS, CLIENT_BURST)
         self.uploads = Window(CLIENT_UPLOADS, WRITES_WINDOW_S)
         self.files = Window(CLIENT_FILES, WRITES_WINDOW_S)
+        self.instant: dict[str, list] = {}  # client -> [its lock, how many of its instant events wait or run]
         self.swept = time.monotonic()
 
     async def __call__(self, scope, receive, send):
@@ -149,47 +165,68 @@ class PublicGate:
             body, receive = await _bounded(scope, receive, MAX_UPLOAD_BYTES if upload else MAX_BODY_BYTES)
             if upload and not self.uploads.take(key, now):
                 raise Refused(429, TOO_MANY_FILES)
-            join = self.JOIN.search(path)
-            if join is None:
+            route = self.EVENT.search(path)
+            if route is None:
                 return await self.app(scope, receive, send)
-            fn, data, session = self._join(join["api_name"], body)
-            if fn is None:
-                return await self.app(scope, receive, send)  # Gradio answers what names no handler
-            _check_arity(fn, data, api=join["api_name"] is not None)
+            fn, data, session = self._event(route, body)
+            if route["direct"] is not None and role(fn) != INSTANT:
+                raise Refused(404, DIRECT_CLOSED)
+            _check_arity(fn, data)
             _check_values(fn, data, self._session_blocks(session))
+            if route["direct"] is not None:  # an event outside the queue, answered in this request
+                return await self._instant(key, scope, receive, send)
             async with self.lock:
                 self._check_holds(key, fn)
-                if fn.name in FILES and not self.files.take(key, now):
+                if writes_files(fn) and not self.files.take(key, now):
                     raise Refused(429, TOO_MANY_FILES)
                 await self.app(scope, receive, send)  # the join returns once Gradio holds the event
         except Refused as refusal:
             await _answer(scope, receive, send, refusal)
 
-    # ------------------------------------------------------------------ joins
-    def _join(self, api_name: str | None, body: bytes):
-        """(the BlockFunction a join names, its data, its session hash): /call/<api_name>, or
-        queue/join's fn_index. (None, ...) when the body names no handler: Gradio answers it."""
+    # ------------------------------------------------------------------ events
+    def _event(self, route, body: bytes):
+        """(the BlockFunction a request names, its data, its session hash), or Refused 404 when it
+        names none: by fn_index where the body gives one (as Gradio reads it), else by api_name."""
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):
-            return None, None, None
+            payload = None
         if not isinstance(payload, dict):
-            return None, None, None
-        fns = self.blocks.fns
-        if api_name is not None:
+            raise Refused(422, "This request's body is not a JSON object of an event's values.")
+        fns, index = self.blocks.fns, None if route["v2"] else payload.get("fn_index")
+        api_name = route["call"] or route["direct"]
+        if isinstance(index, int) and not isinstance(index, bool):
+            fn = fns.get(index)
+        elif index is None and api_name is not None:
             fn = next((f for f in fns.values() if f.api_name == api_name), None)
         else:
-            index = payload.get("fn_index")
-            fn = fns.get(index) if isinstance(index, int) and not isinstance(index, bool) else None
+            fn = None
+        if fn is None:
+            raise Refused(404, NO_SUCH_EVENT)
         session = payload.get("session_hash")
-        return fn, payload.get("data"), session if isinstance(session, str) else None
+        data = _keywords(fn, payload) if route["v2"] else payload.get("data")
+        return fn, data, session if isinstance(session, str) else None
+
+    async def _instant(self, key: str, scope, receive, send) -> None:
+        """An event outside the queue, answered in the request: one of the client's at a time, at most
+        CLIENT_INSTANT_WAITING waiting for it."""
+        lock, _ = slot = self.instant.setdefault(key, [asyncio.Lock(), 0])
+        if slot[1] >= CLIENT_INSTANT_WAITING:
+            raise Refused(429, TOO_MANY_EVENTS)
+        slot[1] += 1
+        try:
+            async with lock:
+                await self.app(scope, receive, send)
+        finally:
+            slot[1] -= 1
 
     def _check_holds(self, key: str, fn) -> None:
         """Refuse a join past what `key` may hold."""
-        held = [e for e in self._unfinished() if client_key(e.request) == key]
-        if fn.name in GENERATIONS and sum(e.fn.name in GENERATIONS for e in held) >= CLIENT_GENERATIONS:
+        held = [role(e.fn) for e in self._unfinished() if client_key(e.request) == key]
+        kind = role(fn)
+        if kind == GENERATION and held.count(GENERATION) >= CLIENT_GENERATIONS:
             raise Refused(429, BUSY)
-        if fn.name in PLAYBACKS and sum(e.fn.name in PLAYBACKS for e in held) >= CLIENT_PLAYBACKS:
+        if kind == PLAYBACK and held.count(PLAYBACK) >= CLIENT_PLAYBACKS:
             raise Refused(429, PLAYING)
         if len(held) >= CLIENT_EVENTS:
             raise Refused(429, TOO_MANY_EVENTS)
@@ -214,15 +251,46 @@ class PublicGate:
             self.swept = now
             for counter in (self.posts, self.uploads, self.files):
                 counter.forget_idle(now)
+            for key in [k for k, (_, n) in self.instant.items() if n == 0]:
+                del self.instant[key]
 
 
-def _check_arity(fn, data, api: bool) -> None:
-    """A page event's data is one value per input; /generate (gr.api) may leave its later ones to
-    their defaults."""
+def _check_arity(fn, data) -> None:
+    """An event's data is one value per input, /generate's too (gradio_client sends every one)."""
     wanted = len(fn.inputs)
-    if not isinstance(data, list) or (len(data) > wanted if api else len(data) != wanted):
+    if not isinstance(data, list) or len(data) != wanted:
         got = f"{len(data)} values" if isinstance(data, list) else type(data).__name__
-        raise Refused(422, f"This event takes a list of {wanted} input values, not {got}.")
+        names = getattr(fn, "api_name", None) == "generate" and _parameters(fn)
+        raise Refused(422, f"This event takes a list of {wanted} input values" + (f" ({names})" if names else "")
+                      + f", not {got}.")
+
+
+def _keywords(fn, payload: dict) -> list:
+    """/call/v2/<api_name>'s body, keyword values of a gr.api endpoint, as the list of its inputs:
+    each parameter's value or, left out, its default (Gradio fills them alike)."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(fn.fn).parameters.values())
+    except (TypeError, ValueError):
+        raise Refused(404, NO_SUCH_EVENT) from None
+    unknown = sorted(set(payload) - {p.name for p in parameters} - {"oauth_token"})  # Gradio drops the token
+    if unknown:
+        raise Refused(422, f"This endpoint takes {_parameters(fn)}; not {', '.join(unknown)[:80]}.")
+    missing = [p.name for p in parameters if p.name not in payload and p.default is inspect.Parameter.empty]
+    if missing:
+        raise Refused(422, f"This endpoint needs {', '.join(missing)}.")
+    return [payload.get(p.name, p.default) for p in parameters]
+
+
+def _parameters(fn) -> str:
+    """A gr.api endpoint's parameter names, in order."""
+    import inspect
+
+    try:
+        return ", ".join(inspect.signature(fn.fn).parameters)
+    except (TypeError, ValueError):
+        return ""
 
 
 def _check_values(fn, data: list, blocks: dict) -> None:
@@ -241,6 +309,8 @@ def _check_values(fn, data: list, blocks: dict) -> None:
             lo, hi = block.minimum, block.maximum
             if (lo is not None and value < lo) or (hi is not None and value > hi):
                 raise Refused(422, f"{name} = {value:g} is out of range: allowed {lo:g} to {hi:g}.")
+            if _whole(block) and value != int(value):
+                raise Refused(422, f"{name} must be a whole number, not {value:g}.")
         elif isinstance(block, (gr.Radio, gr.Dropdown, gr.CheckboxGroup)) and not getattr(block, "allow_custom_value",
                                                                                           False):
             allowed = [c[1] if isinstance(c, (tuple, list)) else c for c in block.choices or []]
@@ -252,6 +322,28 @@ def _check_values(fn, data: list, blocks: dict) -> None:
             raise Refused(422, f"{name} must be true or false, not {json.dumps(value)[:40]}.")
         elif isinstance(block, gr.Textbox) and value is not None and not isinstance(value, str):
             raise Refused(422, f"{name} must be text, not {json.dumps(value)[:40]}.")
+        elif isinstance(block, gr.File) and value is not None and not _uploaded(value):
+            raise Refused(422, f"{name} must be a file uploaded to this app (/gradio_api/upload), or none.")
+
+
+def _uploaded(value) -> bool:
+    """Whether a file input's value names a file in Gradio's upload folder, the only files an event
+    may read (Gradio refuses any other with a traceback)."""
+    from gradio.utils import abspath, get_upload_folder, is_in_or_equal
+
+    path = value.get("path") if isinstance(value, dict) else None
+    return isinstance(path, str) and is_in_or_equal(abspath(path), get_upload_folder())
+
+
+def _whole(block) -> bool:
+    """Whether a slider or number takes whole numbers only: a slider stepping by whole numbers from a
+    whole minimum, or a number of precision 0."""
+    import gradio as gr
+
+    if isinstance(block, gr.Slider):
+        step, lo = block.step, block.minimum or 0
+        return float(step).is_integer() and float(lo).is_integer()
+    return getattr(block, "precision", None) == 0
 
 
 async def _bounded(scope, receive, bound: int):

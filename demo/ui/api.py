@@ -12,7 +12,7 @@ from demo.service import zerogpu
 from demo.service.engine_thread import on_engine_thread
 from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
-from demo.service.request import DEFAULT_REQUEST, Request, RequestError
+from demo.service.request import DEFAULT_REQUEST, TREE_LIMITS, Request, RequestError, check_number
 from demo.service.session import Session, panel_stats
 from demo.ui.events import ENGINE
 from demo.ui.html.render import render_chat
@@ -38,12 +38,13 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
         num_spec_tokens, tree_topk, num_draft_tokens and lookup left out (None) to the device's fastest
         draft shape at this temperature."""
         session = Session(cache.get(cache.default_name))
-        k, tree = draft_of(session.default_draft(temperature), num_spec_tokens, tree_topk, num_draft_tokens, lookup)
-        request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=k,
-                             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-                             tree=tree, draft_sampling=draft_sampling)
-        request.time_limit_s = hosting.time_limit()
         try:
+            k, tree = draft_of(session.default_draft(temperature), num_spec_tokens, tree_topk, num_draft_tokens,
+                               lookup)
+            request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=k,
+                                 temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                                 tree=tree, draft_sampling=draft_sampling)
+            request.time_limit_s = hosting.time_limit()
             hosting.check_work(request, session.device)
             yield from values(session.generate(request), session)
         except RequestError as e:
@@ -52,10 +53,22 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
     gr.api(zerogpu.on_gpu(generate), api_name="generate", concurrency_id=ENGINE)
 
 
+TREE_FIELDS = {"tree_topk": "topk", "num_draft_tokens": "num_draft_tokens", "lookup": "lookup"}  # TREE_LIMITS' names
+
+
 def draft_of(default: tuple[int, TreeShape | None], num_spec_tokens: int | None, tree_topk: int | None,
              num_draft_tokens: int | None, lookup: int | None = None) -> tuple[int, TreeShape | None]:
     """(k, tree) of a /generate call: each of its four shape parameters as given, or where left
-    out (None) as in `default`, the device's fastest shape at the request's temperature."""
+    out (None) as in `default`, the device's fastest shape at the request's temperature. A chain
+    (tree_topk 0) takes no tree setting: a nonzero num_draft_tokens or lookup is refused."""
+    given = dict(tree_topk=tree_topk, num_draft_tokens=num_draft_tokens, lookup=lookup)
+    for name, value in given.items():
+        if value is not None:
+            lo, hi = TREE_LIMITS[TREE_FIELDS[name]]
+            check_number(name, value, 0 if name == "tree_topk" else lo, hi)  # tree_topk 0: a chain
+    if tree_topk == 0 and any(given[name] for name in ("num_draft_tokens", "lookup")):
+        raise RequestError("num_draft_tokens and lookup shape a tree: set tree_topk above 0 for a tree, or leave "
+                           "them 0 (or out) for a chain.")
     k, tree = default
     topk = (tree.topk if tree else 0) if tree_topk is None else tree_topk
     nodes = (tree.num_draft_tokens if tree else 0) if num_draft_tokens is None else num_draft_tokens

@@ -21,6 +21,7 @@ from demo.service.engine_thread import engine_thread_idle, on_engine_thread
 from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
 from demo.service.request import Request, RequestError
+from demo.service.roles import after_engine
 from demo.service.session import Session, shown_session, visitor_session
 from demo.ui.assets import read_asset
 from demo.ui.controls import Controls
@@ -184,8 +185,8 @@ def register_stop(c: Controls, cache: ModelCache, runs: list) -> tuple:
 
     engine = dict(concurrency_id=ENGINE, **PRIVATE)
     stopped = c.stop.click(None, cancels=runs, **PRIVATE).then(
-        stop, inputs=[c.chat, c.model, c.status], outputs=[c.chat, c.status, c.race, *c.view], **engine)
+        after_engine(stop), inputs=[c.chat, c.model, c.status], outputs=[c.chat, c.status, c.race, *c.view], **engine)
     cleared = c.clear.click(None, cancels=runs, **PRIVATE).then(
-        clear, inputs=[c.model], outputs=[c.chat, c.status, c.comparison, c.race, c.inspector, *c.view],
+        after_engine(clear), inputs=[c.model], outputs=[c.chat, c.status, c.comparison, c.race, c.inspector, *c.view],
         **engine)
     return stopped, cleared

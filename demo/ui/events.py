@@ -1,18 +1,13 @@
-"""How the page's events queue, named once for every feature (demo/service/hosting.py reads the
-handlers' function names, so those stay as they are).
+"""How the page's events queue: each feature registers its events with a role tag of
+demo/service/roles.py (ENGINE, TURNS, PLAYBACK, or outside the queue), which says what each means and
+by which the public gate counts a client's events; and how often a stream redraws the page."""
 
-- ENGINE: everything that touches the models, one at a time (a chat reply, /generate, a benchmark,
-  a preset load), so that two generations never share the target's KV cache.
-- TURNS: the first half of a chat exchange (check the request, show the user's turn), which touches
-  no model: outside the engine's queue, so it answers however busy the engine is.
-- PLAYBACK: replays and races, which read a recorded trace only: outside the engine's queue,
-  several at once.
-"""
+from demo.service.roles import ENGINE, PLAYBACK, TURNS
 
-ENGINE = "engine"
-PLAYBACK = "playback"
+__all__ = ["ENGINE", "PLAYBACK", "TURNS", "PLAYBACK_CONCURRENCY", "TURNS_CONCURRENCY", "PRIVATE", "TEXT_INTERVAL_S",
+           "FIGURE_INTERVAL_S"]
+
 PLAYBACK_CONCURRENCY = 8
-TURNS = "turns"
 TURNS_CONCURRENCY = 8
 PRIVATE = dict(api_visibility="private")  # every page event: only /generate is an API
 # A streamed reply refreshes the text at most this often and the charts at most every

@@ -10,7 +10,7 @@ import socket
 
 import httpx
 
-from demo.service.hosting import QUEUE_MAX_SIZE, Hosting
+from demo.service.hosting import Hosting
 
 PROMPT = "Say a"
 
@@ -23,7 +23,7 @@ def free_port() -> int:
 
 def serve(demo, hosting: Hosting) -> str:
     """Launch `demo` as app.py does (queue cap, upload bound, per-client limit when public)."""
-    demo.queue(default_concurrency_limit=1, max_size=QUEUE_MAX_SIZE)
+    hosting.queue(demo)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                             **hosting.launch_options(demo))
     return url
@@ -109,3 +109,14 @@ def chat_turn(http, url, demo, session_hash: str, headers: dict, prompt: str = P
                                                                       "sl-method": "eagle"})
     assert "error" not in reply, reply
     return reply["sl-conversation"]
+
+
+def direct(http: httpx.Client, url: str, demo, name: str, session_hash: str, headers: dict, values: dict,
+           route: str = "run/predict") -> httpx.Response:
+    """POST the page's event handled by function `name` to a direct route (by default /run/predict,
+    where the page sends its events outside the queue), by fn_index, its inputs as `join` makes them."""
+    fn = next(f for f in demo.fns.values() if f.name == name)
+    data = [values.get(block.elem_id, None if block.stateful else block.value) for block in fn.inputs]
+    body = {"data": data, "fn_index": fn._id, "session_hash": session_hash, "event_data": None, "trigger_id": None}
+    return http.post(url + "gradio_api/" + route, content=json.dumps(body), timeout=60,
+                     headers={**headers, "content-type": "application/json"})

@@ -32,7 +32,7 @@ from demo.service.public_gate import (
 )
 from demo.service.server_log import BoundedLog
 from demo.service.session import Session
-from tests.service.http_app import PROMPT, chat_turn, client, events, generate, join, post_generate, ui_event
+from tests.service.http_app import PROMPT, chat_turn, client, direct, events, generate, join, post_generate, ui_event
 from tests.tiny_chat import tiny_session
 
 PAGE = {"sl-prompt": PROMPT, "sl-max-new": 8, "sl-shape": "chain", "sl-method": "eagle"}
@@ -296,8 +296,9 @@ def test_a_trace_names_the_drafter_without_the_servers_paths():
 # ---------------------------------------------------------------------- 10. all of it at once
 def test_another_visitor_is_answered_within_20_s_while_one_client_does_its_worst(public_app, slow_steps):
     """One client, at once: the longest generations it may ask for in 18 sessions (each held the
-    whole ENGINE_HOLD_S by slowed steps), slow replays, a benchmark, uploads, oversized bodies and
-    bad values; another visitor's page reply and /generate both arrive within 20 s."""
+    whole ENGINE_HOLD_S by slowed steps), slow replays, a benchmark, the direct routes (a generation
+    and the page's events outside the queue), uploads, oversized bodies and bad values; another
+    visitor's page reply and /generate both arrive within 20 s."""
     demo, url = public_app
     hostile = client(30)
     LONGEST = {**PAGE, "sl-method": "none", "sl-max-new": 400}  # noqa: N806
@@ -315,14 +316,19 @@ def test_another_visitor_is_answered_within_20_s_while_one_client_does_its_worst
                     join(http, url, demo, "replay", "h11-0", hostile, {"sl-pace": "1 step / s"})
                     join(http, url, demo, "run_benchmark", "h11-b", hostile,
                          {"sl-bench-methods": ["none"], "sl-bench-num-prompts": 8, "sl-bench-max-new": 512})
+                elif kind == 2:  # the direct routes: a generation (refused), and the page's events outside the queue
+                    http.post(url + "gradio_api/run/generate", headers=hostile, timeout=60,
+                              json={"data": ["x", "none", "eager", 1, 0.0, 1.0, 400, 0, 0, 0, "pointmass", 0]})
+                    for name in ("step_on", "step_back", "tree_sizes", "plan_work", "setting_checked"):
+                        direct(http, url, demo, name, "h11-0", hostile, {})
                 else:
                     http.post(url + "gradio_api/upload", headers=hostile, files={"files": ("q.jsonl", b"x" * 900_000)})
                     http.post(url + "gradio_api/queue/join", headers=hostile, content=b"x" * (MAX_BODY_BYTES + 10))
                     post_generate(http, url, hostile, max_new_tokens=float("nan"))
                 time.sleep(0.05)
 
-    with ThreadPoolExecutor(3) as pool:
-        attacks = [pool.submit(worst, kind) for kind in range(3)]
+    with ThreadPoolExecutor(4) as pool:
+        attacks = [pool.submit(worst, kind) for kind in range(4)]
         time.sleep(2.0)  # the client holds the engine by now
         try:
             with httpx.Client() as http:
