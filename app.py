@@ -59,10 +59,12 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     from demo.models.loading import LoadError
     from demo.service import zerogpu
-    from demo.service.hosting import Hosting
+    from demo.service.hosting import Hosting, limit_malloc_arenas
     from demo.service.settings import AppSettings
 
     hosting = Hosting.choose(args.public)
+    if hosting.public:  # before any thread starts: the memory its threads free stays reusable (hosting.py)
+        limit_malloc_arenas()
 
     try:
         settings = AppSettings.from_env()

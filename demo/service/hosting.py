@@ -52,6 +52,25 @@ BENCH_WORK_BUDGET = {"cpu": CPU_WORK_BUDGET, "cuda": 10 * CPU_WORK_BUDGET}
 SESSION_CAPACITY = 256
 
 
+# glibc gives each thread that allocates its own malloc arena (up to 8 per core), and an arena keeps
+# what its thread freed: over Gradio's worker threads a public app's memory only grew. Two arenas
+# (MALLOC_ARENA_MAX=2, as servers commonly set) keep the freed memory reusable by every thread.
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for the threads that start from now on (mallopt M_ARENA_MAX); True
+    where it took (Linux with glibc), False elsewhere. Call it before the server's threads start."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-8, arenas))  # -8: M_ARENA_MAX
+    except (OSError, AttributeError):
+        return False
+
+
 @dataclass(frozen=True)
 class Hosting:
     """How the app is served: public (presets only, per-client limits) or local (everything)."""

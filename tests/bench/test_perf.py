@@ -20,7 +20,7 @@ def test_a_step_profile_counts_the_work_of_every_phase_in_step_order(tree):
     assert all(p.kernels > 0 and p.kernel_ms > 0 and p.top for p in profile.phases)
     verify = next(p for p in profile.phases if p.name == "verify")
     assert verify.kernels > next(p for p in profile.phases if p.name == "catch_up").kernels  # 2 layers vs 1
-    assert profile.step_graph_ms is None and profile.prefill_rows == 4  # eager on a CPU: no graphs, no padding
+    assert profile.step_graph_ms is None and profile.prefill_rows == 64  # a CPU: no graphs, a prompt of 64 rows
     text = format_profile(profile, "title")
     assert all(name in text for name in PHASES)
 

@@ -11,6 +11,8 @@ needs generations that last.
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -259,3 +261,35 @@ def test_every_event_the_page_registers_has_a_role():
     assert by_role[PLAYBACK] == {"follow", "replay", "race"}
     assert {"step_on", "step_back", "tree_sizes", "plan_work", "models_changed"} <= by_role[INSTANT]
     assert "stop" not in by_role[GENERATION] and "clear" not in by_role[GENERATION]
+
+
+# ---------------------------------------------------------------------- 3. memory given back
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
+def test_memory_returns_after_page_sessions_end(public_app):
+    """Page sessions that each ask one reply (prompts of as many lengths as there are sessions) and
+    close: after 100 of them the app's resident memory is within 20 MB of where it was once warm."""
+    demo, url = public_app
+
+    def sessions(tag: str, n: int, offset: int) -> None:
+        with httpx.Client() as http:
+            for i in range(n):
+                name = f"m-{tag}-{i}"
+                chat_turn(http, url, demo, name, client(50), prompt="a" * (offset + 3 * i))
+                with http.stream("GET", url + f"gradio_api/heartbeat/{name}", timeout=30) as beat:
+                    next(beat.iter_lines())  # the page opens, then closes
+        deadline = time.monotonic() + 20
+        while any(f"m-{tag}-{i}" in demo.state_holder.session_data for i in range(n)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    sessions("warm", 20, 1)
+    gc.collect()
+    start = rss_mb()
+    sessions("counted", 100, 2)
+    gc.collect()
+    assert rss_mb() - start < 20
+    assert not any(name.startswith("m-") for name in demo.state_holder.session_data)
