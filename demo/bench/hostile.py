@@ -5,8 +5,9 @@
 
 For --seconds, one client (one X-Forwarded-For address) does its worst inside the documented limits
 (README, "Hosting"): the longest target-only generations it may ask for, through the page's two
-halves in many sessions and through /generate, slow replays, the largest benchmark, uploads,
-oversized bodies, wrong-arity calls and bad values, each as fast as it is answered. Meanwhile
+halves in many sessions and through /generate, slow replays, the largest benchmark, Gradio's direct
+routes (a generation, the page's events outside the queue), uploads, oversized bodies, wrong-arity
+calls and bad values, each as fast as it is answered. Meanwhile
 another client asks for a short reply through /generate every few seconds. Prints what the hostile
 client got (accepted and refused, by status) and how long each of the visitor's replies took, end
 to end. The app must see 127.0.0.1 as a trusted proxy (uvicorn's default), which lets
@@ -51,6 +52,13 @@ class App:
         return http.post(self.url + "gradio_api/queue/join", content=json.dumps(body), timeout=60,
                          headers={**headers, "content-type": "application/json"})
 
+    def direct(self, http, api_name: str, session: str, values: dict, headers: dict) -> httpx.Response:
+        """POST a page event to /run/predict by fn_index, where the page sends its events outside the queue."""
+        body = {"data": self.data(api_name, values), "fn_index": self.deps[api_name]["id"], "session_hash": session,
+                "event_data": None, "trigger_id": None}
+        return http.post(self.url + "gradio_api/run/predict", content=json.dumps(body), timeout=60,
+                         headers={**headers, "content-type": "application/json"})
+
     def generate(self, http, headers: dict, **settings) -> tuple[int, dict | None]:
         """POST /call/generate and read its stream to the end: (status, the last value or None)."""
         values = {"prompt": "Say hi.", "method": "eagle3", "mode": "eager", "num_spec_tokens": 3, "temperature": 0.0,
@@ -87,6 +95,13 @@ def attack(app: App, kind: int, until: float, got: Counter) -> None:
                     got[f"generate {status}"] += 1
                     bench = {"sl-bench-methods": ["none", "eagle3"], "sl-bench-num-prompts": 80, "sl-bench-max-new": 512}
                     got[f"benchmark {app.join(http, 'run_benchmark', f'hostile-b{n}', bench, HOSTILE).status_code}"] += 1
+                elif kind == 3:  # the direct routes: a generation outside the queue, the page's events outside it
+                    body = {"data": app.data("generate", {}), "fn_index": app.deps["generate"]["id"]}
+                    body["data"][:7] = [LONG_PROMPT, "none", "eager", 1, 0.0, 1.0, 1900]
+                    got[f"direct generate {http.post(app.url + 'gradio_api/run/generate', json=body, headers=HOSTILE).status_code}"] += 1
+                    for name, values in (("step_on", {}), ("step_back", {}), ("tree_sizes", {"sl-k": 10 ** 9}),
+                                         ("plan_work", {})):
+                        got[f"{name} {app.direct(http, name, 'hostile-1', values, HOSTILE).status_code}"] += 1
                 else:  # what fills disks, memory and logs
                     r = http.post(app.url + "gradio_api/upload", headers=HOSTILE, files={"files": ("q.jsonl", b"x" * 900_000)})
                     got[f"upload {r.status_code}"] += 1
@@ -111,7 +126,7 @@ def main(argv=None) -> None:
     app = App(args.url)
     got: Counter = Counter()
     until = time.monotonic() + args.seconds
-    threads = [threading.Thread(target=attack, args=(app, kind, until, got), daemon=True) for kind in range(3)]
+    threads = [threading.Thread(target=attack, args=(app, kind, until, got), daemon=True) for kind in range(4)]
     for t in threads:
         t.start()
     time.sleep(3.0)  # the hostile client holds the engine by now
