@@ -341,3 +341,20 @@ def test_eagle1_exports_for_libraries_without_eagle1_are_refused_with_a_reason(t
 def test_a_shared_head_export_without_the_target_is_refused_naming_the_head(tmp_path, engine):
     with pytest.raises(ExportError, match="lm_head.weight"):
         export_drafter(bundled_drafter_dir("eagle3"), tmp_path / "out", engine)
+
+
+def test_a_shared_head_export_computes_what_the_head_it_exports_computes(setup):
+    """The SpecForge and speculators exports carry the target's lm_head at its own precision, so each
+    export, read back, gives the shipped head's logits on the same features (the comparison the
+    libraries' checks above make is against the export as SpecLens reads it)."""
+    target = setup.targets["smollm2"]
+    g = torch.Generator().manual_seed(7)
+    tokens, features = torch.randint(0, 49152, (1, T), generator=g), torch.randn(1, T, 3 * 576, generator=g)
+    logits = {}
+    for name in ("shipped-eagle3", "eagle3-specforge", "eagle3-speculators"):
+        drafter = load_drafter(setup.dirs[name], target, hot_tokens="off")
+        drafter.setup_cache(T)
+        with torch.no_grad():
+            logits[name] = drafter(tokens, torch.arange(T)[None], drafter.project(features))[0]
+    for name in ("eagle3-specforge", "eagle3-speculators"):
+        assert float((logits[name] - logits["shipped-eagle3"]).abs().max()) < TOL, name
