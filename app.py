@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import time
 
+from demo.methods import DRAFT_METHODS, METHOD_LABELS
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default=None, help="a preset name of demo/models/presets.py (default: the embedded one)")
     p.add_argument("--target", default=None, help="target: 'default', a local directory or a hub id (overrides the preset's)")
-    p.add_argument("--eagle-drafter", default=None, help="EAGLE drafter: a local directory or a hub id")
-    p.add_argument("--eagle3-drafter", default=None, help="EAGLE-3 drafter: a local directory or a hub id")
+    for method in DRAFT_METHODS:  # --eagle-drafter, --eagle3-drafter
+        p.add_argument(f"--{method}-drafter", default=None,
+                       help=f"{METHOD_LABELS[method]} drafter: a local directory or a hub id")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--max-context", type=int, default=2048, help="tokens of context (KV cache size)")
@@ -43,10 +46,10 @@ def build_session(args: argparse.Namespace):
     choice = preset_choice(args.preset)
     if args.target:
         choice.target, choice.name = args.target, args.target
-        choice.drafters = {"eagle": None, "eagle3": None}
-    for method, spec in (("eagle", args.eagle_drafter), ("eagle3", args.eagle3_drafter)):
-        if spec:
-            choice.drafters[method] = spec
+        choice.drafters = {method: None for method in DRAFT_METHODS}
+    for method in DRAFT_METHODS:
+        if getattr(args, f"{method}_drafter"):
+            choice.drafters[method] = getattr(args, f"{method}_drafter")
     session = Session.load(choice, device=args.device, dtype=args.dtype, max_context=args.max_context,
                            progress=lambda f, d: print(f"[speclens] {d}", flush=True))
     for w in session.warnings:

@@ -1,8 +1,8 @@
-"""`python -m demo.compare`: the command keeps its name; the code is demo/bench/compare.py."""
+"""`python -m demo.compare`: the command keeps its name; the code is demo/bench/tools/compare.py."""
 
 import sys
 
-from demo.bench.compare import main
+from demo.bench.tools.compare import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,9 @@ UI read a request's shape and limits without loading the engine):
 - ``DraftShape``: what one decoding step drafts, derived from k and the tree: a chain, a tree, or
   nothing (target only), and how many rows the target verifies;
 - ``GenerationConfig``: the engine's settings for one generation;
-- the draft shape each device offers first (``default_draft``, ``default_tree``).
+- the draft-sampling rules at T > 0.
+
+The draft shape each method offers first on each device is the registry's (demo/methods.py).
 """
 
 from __future__ import annotations
@@ -14,13 +16,27 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from demo.methods import DEFAULT_DRAFT_SAMPLING, SAMPLED_DRAFTS
 
 TREE_SCRATCH = 512  # drafter cache slots reserved past the context for a tree's frontier rows ((depth - 1) * topk)
 MAX_TREE_TOPK = 32
 MAX_LOOKUP = 64  # a tree's prompt-lookup branch: at most this many tokens past the drafter's nodes
 LOOKUP_NGRAM = 4  # the longest suffix a lookup branch looks up (vLLM's n-gram example sets prompt_lookup_max to 4)
 MAX_DRAFT_TOKENS = 256  # verified per step, the root included
+
+# How drafts are drawn at T > 0 (at T = 0 they are always the proposer's top choices):
+# "pointmass": the proposer's top choices, each accepted with the target's probability p(x), siblings
+#   of a tree tried in turn against what is left of p (EAGLE's rule); "q": drawn from the drafter's
+#   distribution q, accepted with min(1, p/q) (speculative sampling; SpecInfer's rule on trees); "wor": a
+#   node's children drawn from q without replacement (distinct tokens), each accepted with min(1, p/q)
+#   against what the earlier rejections left of both p and q (recursive rejection sampling, Jeon et al.
+#   2024). All three keep the target's distribution (demo/tree_verify.py); for a point-mass q (a copy)
+#   they are one rule.
+DRAFT_SAMPLING = ("pointmass", "q", "wor")
+SAMPLED_DRAFTS = ("q", "wor")  # the rules whose drafts are draws from q rather than its top choices
+# The rule the page, /generate and the bench use unless told: wor accepted the most and was the
+# fastest at T = 1 at each device's default shape (a chain of 3 on a CPU, a tree 7 x 8, 64 on a GPU:
+# docs/RESULTS.md, "At T = 1"), though its step costs more than a point-mass chain's.
+DEFAULT_DRAFT_SAMPLING = "wor"
 
 
 @dataclass(frozen=True)
@@ -37,46 +53,13 @@ class SamplingParams:
 class TreeShape:
     """A request's tree: children per expanded node and tokens verified per step (root included,
     as SGLang counts them); 0 verifies every candidate. The depth is the request's k. `lookup`: a
-    prompt-lookup branch of that many tokens verified beside the drafter's nodes (demo/tree_lookup.py),
+    prompt-lookup branch of that many tokens verified beside the drafter's nodes (demo/proposers/ngram.py),
     for trees of the drafter's top choices (T = 0 and the point-mass rule); drafts drawn from q draft
     none."""
 
     topk: int = 4
     num_draft_tokens: int = 0
     lookup: int = 0
-
-
-# The fastest draft shape measured per device with the default target and its bundled EAGLE-3, as
-# (k, tree or None for a chain): on a GPU in graph mode a wide tree, whose verification costs little
-# more than a chain's; on a CPU, where verification grows with every row, a narrow tree of 6 tokens
-# (depth 4, top-2): its 6 rows verify in about 1.3 one-row forwards, and it was the one shape measured
-# at 1.6 x target-only or more on all three prompt sets. Trees a visitor picks start from
-# DEFAULT_TREES. A GPU's tree verifies a lookup branch of 16 beside its 64 tokens: 15 and 27 % more
-# tokens a forward on the two validation sets, 1.08 and 1.19 x the tokens/s (24 accepts more and is
-# slower; 48 tokens and 16 about as fast, accepting less). A CPU pays for every row it verifies: a
-# branch of 4 or 8 beside its tree accepted 6 to 10 % more and ran at 0.67 to 0.90 x, so it has none.
-# docs/RESULTS.md ("Draft shapes", "The CPU's shapes", "A lookup branch") has the figures.
-DEFAULT_DRAFTS = {"cuda": (7, TreeShape(8, 64, 16)), "cpu": (4, TreeShape(2, 6))}
-DEFAULT_TREES = {"cuda": TreeShape(8, 64, 16), "cpu": TreeShape(2, 6)}
-# At T > 0 (drafts drawn without replacement, the default rule) a GPU drafts a shallower tree: at
-# T = 1 few steps reach levels 6 and 7. Of the shapes measured on both validation sets the fastest on
-# both (docs/RESULTS.md, "At T = 1": 5 x 10, 96 accepts 3 to 4 % more a step and costs 12 % more).
-# A CPU keeps the chain of 3, which led a chain of 2 and three 4-row trees at T = 1.
-SAMPLED_DEFAULT_DRAFTS = {"cuda": (5, TreeShape(8, 64)), "cpu": (3, None)}
-
-
-def default_draft(device_type: str, temperature=0.0) -> tuple[int, TreeShape | None]:
-    """(k, tree) to offer first on a device ("cuda", "cpu", ...) at `temperature`; tree None: a
-    chain of k. A temperature that is not a positive number (a request's checks refuse all but 0)
-    takes the greedy one."""
-    greedy = DEFAULT_DRAFTS.get(device_type, DEFAULT_DRAFTS["cpu"])
-    sampled = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
-    return SAMPLED_DEFAULT_DRAFTS.get(device_type, greedy) if sampled else greedy
-
-
-def default_tree(device_type: str) -> TreeShape:
-    """The tree to offer when a visitor picks a tree: the fastest tree measured on the device."""
-    return DEFAULT_TREES.get(device_type, DEFAULT_TREES["cpu"])
 
 
 @dataclass(frozen=True)
@@ -87,7 +70,7 @@ class DraftShape:
     K = 1, N = D). Target-only (D = 0) may verify `pad` padding rows after its one token: run at a
     speculative shape's width, it computes every token as that shape's verification does
     (``target_only_width``). A tree of the drafter's top choices may verify a prompt-lookup branch of
-    `lookup` more nodes (demo/tree_lookup.py), which reaches past the drafter's depth."""
+    `lookup` more nodes (demo/proposers/ngram.py), which reaches past the drafter's depth."""
 
     depth: int
     topk: int = 1
@@ -118,8 +101,8 @@ class DraftShape:
     @classmethod
     def drawn(cls, k: int, tree: TreeShape | None, draft_sampling: str, temperature: float,
               width: int = 1) -> "DraftShape":
-        """The shape of a request by its rule (demo.methods.DRAFT_SAMPLING): drafts are draws from q
-        only at T > 0 and for the rules that sample (SAMPLED_DRAFTS)."""
+        """The shape of a request by its rule (DRAFT_SAMPLING): drafts are draws from q only at T > 0
+        and for the rules that sample (SAMPLED_DRAFTS)."""
         sampled = draft_sampling in SAMPLED_DRAFTS and temperature > 0
         return cls.of(k, tree, sampled, width, without_replacement=draft_sampling == "wor")
 
@@ -196,9 +179,11 @@ class GenerationConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p)
 
-    def draft_shape(self, k: int) -> DraftShape:
-        """What a step drafts with k drafts per step (k = 0: none)."""
-        return DraftShape.drawn(k, self.tree, self.draft_sampling, self.temperature, width=self.target_only_width)
+    def draft_shape(self, k: int, samples_drafts: bool = True) -> DraftShape:
+        """What a step drafts with k drafts per step (k = 0: none). A proposer whose drafts are point
+        masses (`samples_drafts` False: a copy) drafts them under any rule, for which the rules coincide."""
+        rule = self.draft_sampling if samples_drafts else "pointmass"
+        return DraftShape.drawn(k, self.tree, rule, self.temperature, width=self.target_only_width)
 
 
 class Deadline:

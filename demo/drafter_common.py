@@ -31,11 +31,17 @@ from demo.layers import (INT8_WEIGHTS, causal_slot_mask, int8_available, linear,
                          rope_tables, stacked, use_int8_weights)
 
 
+# The drafter architectures, by the names their published checkpoints and the drafter methods
+# (demo/methods.py) give them: EAGLE-1 reads the target's final hidden state through the target's
+# lm_head; EAGLE-3 fuses aux layers' residual streams and has a head of its own.
+EAGLE1, EAGLE3 = "eagle", "eagle3"
+
+
 @dataclass
 class DrafterConfig:
     """A drafter's architecture, whatever layout it was read from."""
 
-    method: str  # "eagle" (EAGLE-1) or "eagle3"
+    method: str  # the architecture: EAGLE1 or EAGLE3 (the drafter methods of demo/methods.py, by the same names)
     hidden_size: int
     intermediate_size: int
     num_heads: int
@@ -56,14 +62,14 @@ class DrafterConfig:
     warnings: list[str] = field(default_factory=list)  # shown to the user after loading
 
     def __post_init__(self):
-        if self.method not in ("eagle", "eagle3"):
-            raise ValueError(f"unknown drafter method {self.method!r} (eagle or eagle3)")
+        if self.method not in (EAGLE1, EAGLE3):
+            raise ValueError(f"unknown drafter method {self.method!r} ({EAGLE1} or {EAGLE3})")
         self.head_dim = self.head_dim or self.hidden_size // self.num_heads
         self.draft_vocab_size = self.draft_vocab_size or self.vocab_size
         self.target_hidden_size = self.target_hidden_size or self.hidden_size
         if self.aux_layer_ids is not None:
             self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
-        if self.method == "eagle":
+        if self.method == EAGLE1:
             self.own_lm_head = False  # EAGLE-1 always reads through the target's lm_head
         elif not self.own_lm_head and self.draft_vocab_size != self.vocab_size:
             raise ValueError(f"an EAGLE-3 head sharing the target's lm_head drafts over the full vocabulary "

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from demo.drafter_common import EAGLE1, EAGLE3
 from demo.drafter_eagle import EagleDrafter
 from demo.drafter_eagle3 import Eagle3Drafter
 
-DRAFTER_CLASSES = {"eagle": EagleDrafter, "eagle3": Eagle3Drafter}
+DRAFTER_CLASSES = {EAGLE1: EagleDrafter, EAGLE3: Eagle3Drafter}

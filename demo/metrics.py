@@ -1,4 +1,5 @@
-"""Acceptance accounting, defined once and reused by the CLI and the UI.
+"""Acceptance accounting, defined once and reused by the CLI and the UI, and the clock of a step's
+phases (``StepTimer``).
 
 Vocabulary (the same words label every chart):
 
@@ -29,6 +30,7 @@ depth its colour shows), so the app's "acceptance at draft i" is vLLM's "accepta
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 
 MEAN_ACCEPTANCE_LENGTH = "mean acceptance length"
@@ -210,3 +212,33 @@ class AcceptanceStats:
         lines = [rule, f"{MEAN_ACCEPTANCE_LENGTH}: {self.mean_acceptance_length:.2f}", rule]
         lines += [f"acceptance at token {i}: {r:.2f}" for i, r in enumerate(self.acceptance_per_position)]
         return "\n".join(lines)
+
+
+class StepTimer:
+    """Marks within a step: CUDA events on a GPU (read after the step's sync), wall clock on CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.marks = []
+
+    def _now(self):
+        if self.cuda:
+            import torch
+
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self):
+        self.marks = [self._now()]
+
+    def mark(self):
+        self.marks.append(self._now())
+
+    def read(self) -> list[float]:
+        """Milliseconds between consecutive marks; call after the step's host sync."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]

@@ -1,8 +1,8 @@
-"""`python -m demo.perf`: the command keeps its name; the code is demo/bench/perf.py."""
+"""`python -m demo.perf`: the command keeps its name; the code is demo/bench/tools/perf.py."""
 
 import sys
 
-from demo.bench.perf import main
+from demo.bench.tools.perf import main
 
 if __name__ == "__main__":
     sys.exit(main())

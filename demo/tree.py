@@ -57,7 +57,7 @@ class DraftTree:
     draft_probs: list[float] | None  # [N] q: the drafter's probability of the node's token at its parent
     target_probs: list[float]  # [N] p: the target's probability of it there
     path: list[int]  # accepted nodes by depth (node ids 1..N)
-    copied: int = 0  # the last `copied` nodes are a prompt-lookup branch's (demo/tree_lookup.py): q 0, not drafted
+    copied: int = 0  # the last `copied` nodes are a prompt-lookup branch's (demo/proposers/ngram.py): q 0, not drafted
 
     def is_copied(self, node: int) -> bool:
         """Whether node `node` (1..N) was copied from the text, not drafted by the drafter."""

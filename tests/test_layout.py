@@ -9,7 +9,13 @@
 - `training/` imports the product, never the reverse, and no two modules import each other in a circle;
 - the design card's files are real modules doing their jobs; the commands keep their names;
 - no function of the product is longer than MAX_FUNCTION_LINES, and no process-wide switch is set
-  from outside its module (a `global` statement).
+  from outside its module (a `global` statement);
+- the engine is the loop (at most MAX_ENGINE_LINES), and nothing of the product subclasses it: the
+  capture lab swaps its public hooks;
+- a drafting method is named only by the registry (demo/methods.py) and the proposers (and by the
+  drafter architectures and checkpoint formats that share their names);
+- the developer tools (demo/bench/tools/) are never imported by the app;
+- the README stays within MAX_README_BYTES and each reference doc within MAX_DOC_BYTES.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "demo"
 PACKAGES = ("demo", "training")
 # the commands users run, each a module of a few lines that calls its package's main
-COMMANDS = {"demo.perf": "demo.bench.perf", "demo.compare": "demo.bench.compare",
-            "demo.export_drafter": "demo.models.export_drafter"}
+COMMANDS = {"demo.perf": "demo.bench.tools.perf", "demo.compare": "demo.bench.tools.compare",
+            "demo.export_drafter": "demo.models.export_drafter", "demo.bench.__main__": "demo.bench.tools.cli",
+            **{f"demo.bench.{tool}": f"demo.bench.tools.{tool}" for tool in ("served", "sweep", "hostile", "lookup")}}
 # audience -> the audiences it may import (itself included)
 MAY_IMPORT = {
     "kernels": {"kernels"},
@@ -51,16 +58,19 @@ def product_files() -> list[Path]:
     return sorted(p for p in DEMO.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+CORE_PACKAGES = ("proposers",)  # sub-packages of the engine core: one proposer a drafting method
+
+
 def audience(module: str) -> str:
-    """The audience of a demo module: its sub-package, or for a module flat in demo/, the core
-    (views.py, the UI's entry, and the commands apart)."""
+    """The audience of a demo module: its sub-package, or for a module flat in demo/ (or in a core
+    package), the core (views.py, the UI's entry, and the commands apart)."""
     parts = module.split(".")
     if module in COMMANDS:
         return "command"
     if module == "demo.views":
         return "ui"
     if len(parts) > 2 or (len(parts) == 2 and (DEMO / parts[1]).is_dir()):
-        return parts[1]
+        return "core" if parts[1] in CORE_PACKAGES else parts[1]
     return "core"
 
 
@@ -230,10 +240,53 @@ def test_no_product_module_rebinds_a_process_wide_switch():
     assert not flips, flips
 
 
-MAX_DOC_BYTES = 25_000  # the README and each reference doc: the present, not a ledger (docs/runs/ keeps those)
+MAX_DOC_BYTES = 25_000  # each reference doc: the present, not a ledger (docs/runs/ keeps those)
+MAX_README_BYTES = 16_000  # what it is, the two set-up commands, the screenshots, how to use it, the layout, links
 
 
-def test_the_readme_and_the_reference_docs_stay_within_25_kb():
-    docs = [ROOT / "README.md", *(ROOT / "docs" / name for name in ("PERFORMANCE.md", "TRAINING.md", "RESULTS.md", "HOSTING.md"))]
+def test_the_readme_and_the_reference_docs_stay_within_their_size():
+    assert (ROOT / "README.md").stat().st_size <= MAX_README_BYTES
+    docs = sorted((ROOT / "docs").glob("*.md"))
     large = {d.name: d.stat().st_size for d in docs if d.stat().st_size > MAX_DOC_BYTES}
-    assert not large, large
+    assert len(docs) >= 6 and not large, large
+
+
+MAX_ENGINE_LINES = 500  # demo/engine.py: the loop (prefill, step, accept, account), with its docstrings
+
+
+def test_the_engine_is_the_loop_and_nothing_subclasses_it():
+    """Buffers, capture, acceptance, the packed result and each drafting method live in modules of
+    their own; a feature that needs another engine swaps its public hooks (``Engine.binding``,
+    ``Engine.proposer``), never subclasses it."""
+    assert len((DEMO / "engine.py").read_text().splitlines()) <= MAX_ENGINE_LINES
+    subclasses = [f"{p.relative_to(ROOT)}:{node.name}" for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+                  for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if isinstance(node, ast.ClassDef)
+                  and any(isinstance(b, ast.Name) and b.id == "Engine" or isinstance(b, ast.Attribute) and b.attr == "Engine"
+                          for b in node.bases)]
+    assert not subclasses, subclasses
+
+
+# the registry and the proposers name the methods; the drafter architectures and the checkpoint formats
+# (published config keys) share the names of the two drafter methods
+NAMES_METHODS = ("demo/methods.py", "demo/proposers/", "demo/drafter_common.py", "demo/models/checkpoints.py",
+                 "demo/models/export_drafter.py")
+
+
+def test_no_drafting_method_is_named_outside_the_registry_and_the_proposers():
+    from demo.methods import METHODS
+
+    names = set(METHODS) - {"none"}  # "none" is also the word for no value
+    named = [f"{p.relative_to(ROOT)}:{node.lineno} {node.value!r}" for p in [*product_files(), ROOT / "app.py"]
+             if not str(p.relative_to(ROOT)).startswith(NAMES_METHODS)
+             for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and node.value in names]
+    assert not named, named
+
+
+def test_the_app_never_imports_the_developer_tools():
+    """The workshop (demo/bench/tools/) is reached only through its commands."""
+    tools = {module_name(p) for p in (DEMO / "bench" / "tools").rglob("*.py")}
+    assert len(tools) > 5, "demo/bench/tools/ holds the developer tools"
+    app = [p for p in [*product_files(), ROOT / "app.py"] if module_name(p) not in tools | set(COMMANDS)]
+    wrong = [f"{p.relative_to(ROOT)} imports {m}" for p in app for m in project_imports(p) if m in tools]
+    assert not wrong, wrong

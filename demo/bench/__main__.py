@@ -1,7 +1,7 @@
-"""`python -m demo.bench`: the bench CLI (demo/bench/cli.py)."""
+"""`python -m demo.bench`: the bench CLI (demo/bench/tools/cli.py)."""
 
 import sys
 
-from demo.bench.cli import main
+from demo.bench.tools.cli import main
 
 sys.exit(main())

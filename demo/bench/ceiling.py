@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from demo.drafter_common import DrafterConfig
+from demo.drafter_common import EAGLE1, DrafterConfig
 from demo.target import Target
 
 
@@ -33,7 +33,7 @@ class TargetDrafter(nn.Module):
     def __init__(self, target: Target):
         super().__init__()
         c = target.config
-        self.cfg = DrafterConfig(method="eagle", hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        self.cfg = DrafterConfig(method=EAGLE1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                                  num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, vocab_size=c.vocab_size)
         object.__setattr__(self, "target", target)
         object.__setattr__(self, "inner", Target(target.hf, kernels=target.kernels))  # its own cache and RoPE tables

@@ -10,17 +10,17 @@ from pathlib import Path
 
 from demo.bench.faults import FAULT_SHORT, FAULTS, capture_label, check_fault
 from demo.bench.report import shape_label
-from demo.config import DraftShape, GenerationConfig, TreeShape
+from demo.config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING, DraftShape, GenerationConfig, TreeShape
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
 from demo.methods import (
     COMPILE_SCOPES,
-    DEFAULT_DRAFT_SAMPLING,
-    DRAFT_SAMPLING,
+    DEFAULT_METHOD,
     MAX_SPEC_TOKENS,
     METHOD_LABELS,
     METHODS,
     MODE_LABELS,
     MODES,
+    REGISTRY,
     num_drafts,
 )
 
@@ -44,12 +44,12 @@ class BenchConfig:
     target: str = "default"  # 'default' (the embedded SmolLM2-135M-Instruct), a local directory or a hub id
     drafter: str | None = None  # None: the bundled drafter of `method` (default target only)
     hot_tokens: str = "auto"  # a shared-head EAGLE-3's hot_tokens.json: auto (on a CPU), on, off
-    method: str = "eagle3"
+    method: str = DEFAULT_METHOD
     num_spec_tokens: int = 3  # k: draft tokens per step, or a tree's depth
     tree_topk: int | None = None  # a tree: children per node (None: a chain)
     num_draft_tokens: int = 0  # a tree's tokens verified per step, the root included (0: every node)
     lookup: int = 0  # a tree's prompt-lookup branch: tokens verified beside the drafter's (TreeShape.lookup)
-    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0 (demo.methods)
+    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0 (demo.config.DRAFT_SAMPLING)
     ceiling: bool = False  # draft with the target itself (q = p): each rule's acceptance with a perfect drafter
     # engine
     mode: str = "eager"
@@ -72,7 +72,7 @@ class BenchConfig:
     warmup: int = 1  # uncounted warm-up generations (capture and compilation happen here)
     check_lossless: bool = False  # also decode target-only and compare tokens (T = 0)
     # the capture lab (demo/bench/faults.py): None, the product's engine; a fault's name (or "none"),
-    # CaptureLab's, its steps captured (mode cudagraph) or replayed by the CPU stand-in (eager)
+    # the capture lab's (lab_engine), its steps captured (mode cudagraph) or replayed by the CPU stand-in (eager)
     fault: str | None = None
     check_parity: bool = False  # also decode eagerly and compare acceptance counts (demo/bench/parity.py)
 
@@ -86,9 +86,14 @@ class BenchConfig:
         return TreeShape(self.tree_topk, self.num_draft_tokens, self.lookup) if self.tree_topk else None
 
     @property
+    def spec(self):
+        """The method's registry entry (demo.methods.REGISTRY); check() refuses a method not in it."""
+        return REGISTRY.get(self.method, REGISTRY["none"])
+
+    @property
     def shape(self) -> DraftShape:
         """What each step drafts: a chain of k, a tree of depth k, or nothing."""
-        return DraftShape.drawn(self.k, self.tree, self.draft_sampling, self.temperature)
+        return self.generation().draft_shape(self.k, self.spec.samples_drafts)
 
     @property
     def width(self) -> int:
@@ -121,9 +126,9 @@ class BenchConfig:
                                 seed=self.seed)
 
     def drafter_spec(self) -> str | None:
-        """The drafter to load: `drafter`, else the bundled one of `method` (None for 'none', and
-        for the ceiling, whose drafter is the target)."""
-        if self.method == "none" or self.ceiling:
+        """The drafter to load: `drafter`, else the bundled one of `method` (None for a method that
+        loads none, and for the ceiling, whose drafter is the target)."""
+        if not self.spec.needs_drafter or self.ceiling:
             return None
         if self.drafter:
             return self.drafter
@@ -147,23 +152,26 @@ class BenchConfig:
         return self
 
     def _check_drafts(self) -> None:
-        if self.method != "none" and not 1 <= self.num_spec_tokens <= MAX_SPEC_TOKENS:
+        spec = self.spec
+        if spec.proposer is not None and not 1 <= self.num_spec_tokens <= MAX_SPEC_TOKENS:
             raise BenchConfigError(f"--num-spec-tokens must be in 1..{MAX_SPEC_TOKENS}, not {self.num_spec_tokens}")
-        if self.method == "none" and self.drafter:
-            raise BenchConfigError("--drafter has no use with --method none")
-        if self.ceiling and (self.method == "none" or self.drafter):
-            raise BenchConfigError("--ceiling drafts with the target itself: it needs a drafting --method and no "
+        if not spec.needs_drafter and self.drafter:
+            raise BenchConfigError(f"--drafter has no use with --method {self.method}, which loads none")
+        if self.ceiling and (not spec.needs_drafter or self.drafter):
+            raise BenchConfigError("--ceiling drafts with the target itself: it needs a drafter's --method and no "
                                    "--drafter")
-        if self.method != "none" and self.drafter is None and self.target != "default" and not self.ceiling:
+        if spec.needs_drafter and self.drafter is None and self.target != "default" and not self.ceiling:
             raise BenchConfigError(f"--drafter is required for target {self.target!r}: the bundled drafters fit the "
                                    "default target only")
-        if self.method == "none" and (self.tree_topk or self.num_draft_tokens):
+        if spec.proposer is None and (self.tree_topk or self.num_draft_tokens):
             raise BenchConfigError("--tree-topk and --num-draft-tokens shape the drafts: --method none has none")
+        if self.tree_topk and spec.proposer is not None and not spec.trees:
+            raise BenchConfigError(f"--method {self.method} drafts chains: leave out --tree-topk")
         if self.num_draft_tokens and not self.tree_topk:
             raise BenchConfigError("--num-draft-tokens sizes a tree: give --tree-topk too")
         if self.lookup and not self.tree_topk:
             raise BenchConfigError("--lookup hangs a branch on a tree: give --tree-topk too")
-        if self.method != "none":
+        if spec.proposer is not None:
             try:
                 self.shape.check()
             except ValueError as e:
@@ -172,7 +180,7 @@ class BenchConfig:
     def _check_run(self) -> None:
         if self.compile and self.mode != "cudagraph":
             raise BenchConfigError("--compile compiles the captured step functions: use it with --mode cudagraph")
-        if self.compile == "drafter" and self.method == "none":
+        if self.compile == "drafter" and self.spec.proposer is None:
             raise BenchConfigError("--compile compiles the drafter's steps, and --method none has none: use "
                                    "--compile all")
         if self.temperature < 0:

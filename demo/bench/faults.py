@@ -18,7 +18,7 @@ is why demo/bench/parity.py holds a captured run's acceptance counts to eager's.
   in a step of k: it writes one draft, the verification reads k, and drafts 2..k are whatever the
   draft buffer held. Only a captured step can be of another shape: eager builds each step at its k.
 
-The engine that runs them is demo/bench/capture_lab.py's ``CaptureLab``.
+The engine that runs them is demo/bench/capture_lab.py's ``lab_engine``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ def build_engine(config: BenchConfig):
 
     from demo.engine import Engine
     from demo.models.loading import load_target
+    from demo.proposers import proposer_for
     from demo.target import Target
 
     if config.mode == "cudagraph" and (config.device == "cpu" or not torch.cuda.is_available()):
@@ -52,13 +53,14 @@ def build_engine(config: BenchConfig):
         from demo.bench.ceiling import TargetDrafter
 
         drafter = TargetDrafter(target)
-    engine = Engine(target, drafter, mode=config.mode, compile=config.compile, max_context=config.max_context,
+    engine = Engine(target, proposer_for(config.method, drafter) if drafter is None else drafter, mode=config.mode,
+                    compile=config.compile, max_context=config.max_context,
                     drafter_dtype=chosen_drafter_dtype(config.drafter_dtype, target),
                     drafter_int8=chosen_drafter_int8(config.drafter_dtype, target))
     if config.fault is not None:
-        from demo.bench.capture_lab import CaptureLab
+        from demo.bench.capture_lab import lab_around
 
-        engine = CaptureLab.around(engine, config.fault)
+        engine = lab_around(engine, config.fault)
     return engine, tokenizer
 
 
@@ -67,8 +69,8 @@ def eager_twin(engine):
     held to (on a GPU eager pads and buckets as graph mode does, so both compute the same)."""
     from demo.engine import Engine
 
-    return Engine(engine.target, engine.drafter, max_context=engine.max_context, drafter_dtype=engine.drafter_dtype,
-                  drafter_int8=engine.drafter_int8)
+    return Engine(engine.target, engine.drafter or engine.proposer, max_context=engine.max_context,
+                  drafter_dtype=engine.drafter_dtype, drafter_int8=engine.drafter_int8)
 
 
 def chosen_drafter_dtype(choice: str, target):
@@ -151,7 +153,7 @@ def warm_up(engine, tokenizer, questions: list[dict], config: BenchConfig, deadl
     start = time.perf_counter()
     for _ in range(config.warmup):
         decode(engine, ids, deadline.bound(config.generation(max_new_tokens=budget)))
-        if config.check_lossless and config.method != "none":
+        if config.check_lossless and config.k:
             decode(engine, ids, deadline.bound(reference_config(config, engine, max_new_tokens=budget)))
     return time.perf_counter() - start
 

@@ -1,5 +1,5 @@
 """What the app's Benchmark tab runs: a plan (methods x modes x draft shapes over some prompts), its
-checks and its work, the prompts it picks, its run on a Session's engines through demo/bench/cli.py's
+checks and its work, the prompts it picks, its run on a Session's engines through demo/bench/tools/cli.py's
 ``measuring`` (demo/bench/measure.py: the CLI's own loop, warm-up and report), and the rows the tab, the chart and the CSV
 show. No Gradio here: demo/ui/bench_tab.py maps these onto components.
 
@@ -23,14 +23,27 @@ from demo.bench.faults import FAULT_LABELS, FAULTS
 from demo.bench.measure import measuring
 from demo.bench.parity import parity, parity_sentence
 from demo.bench.report import format_report
-from demo.config import Deadline, TreeShape, default_draft, default_tree
-from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS, MODES
+from demo.config import Deadline, TreeShape
+from demo.methods import APP_MAX_SPEC_TOKENS, DEFAULT_METHOD, METHODS, METHOD_LABELS, MODES, REGISTRY, default_draft, default_tree
 from demo.service.request import LIMITS, MAX_CHARS_PER_TOKEN, RequestError
 from demo.service.session import Session
 
 BUNDLED_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "categories.jsonl"
 WARMUP = 1  # uncounted warm-up generations per configuration (the CLI's --warmup default)
 DRAFT_SHAPES = ("chain", "tree")  # a chain at each chosen k; the device's default tree (default_tree_draft)
+
+
+def _method(name: str):
+    """The registry's entry of a plan's method (one the plan's check refuses: as the target alone)."""
+    return REGISTRY.get(name, REGISTRY["none"])
+
+
+def _drafts_of(method: str, drafts: list[dict]) -> list[dict]:
+    """The plan's drafts `method` drafts: none for the target alone, its chains for a method of chains."""
+    spec = _method(method)
+    if spec.proposer is None:
+        return [dict(num_spec_tokens=0)]
+    return [d for d in drafts if spec.trees or not d.get("tree_topk")]
 
 
 def default_tree_draft(device_type: str) -> tuple[int, TreeShape]:
@@ -47,7 +60,7 @@ class BenchPlan:
     mode. A drafting method drafts a chain at each of `ks` and/or the tree `device_type` drafts by
     default (`shapes`)."""
 
-    methods: tuple[str, ...] = ("none", "eagle3")
+    methods: tuple[str, ...] = ("none", DEFAULT_METHOD)
     modes: tuple[str, ...] = ("eager",)
     ks: tuple[int, ...] = (1, 2, 3)
     num_prompts: int = 8
@@ -93,9 +106,9 @@ class BenchPlan:
         one = dict(max_new_tokens=self.max_new_tokens, warmup=WARMUP)
         drafts = self.drafts()
         return [BenchConfig(method=method, mode=mode, **draft, **one) for mode in modes for method in self.methods
-                for draft in ([dict(num_spec_tokens=0)] if method == "none" else drafts)] + \
+                for draft in _drafts_of(method, drafts)] + \
                [BenchConfig(method=method, mode=lab_mode, num_spec_tokens=k, fault=fault, **one) for fault in self.faults
-                for method in self.methods if method != "none" for k in self.ks]
+                for method in self.methods if _method(method).needs_drafter for k in self.ks]
 
     @property
     def warmup_tokens(self) -> int:
@@ -129,8 +142,8 @@ class BenchPlan:
             if fault not in FAULTS:
                 raise RequestError(f"Unknown capture fault {fault!r}: choose among "
                                    f"{', '.join(FAULT_LABELS[f] for f in FAULTS)}.")
-        if self.faults and all(m == "none" for m in self.methods):
-            raise RequestError("A capture fault acts on the drafter's step: choose a drafting method too.")
+        if self.faults and not any(_method(m).needs_drafter for m in self.methods):
+            raise RequestError("A capture fault acts on the drafter's step: choose a method with a drafter too.")
         if self.faults and "chain" not in self.shapes:
             raise RequestError("The capture lab replays chains: choose the chain shape too.")
         for k in self.ks:
@@ -236,9 +249,9 @@ def run_plan(session: Session, plan: BenchPlan, questions: list[dict], source: s
             return
         engine = session.engine(config.method, config.mode)
         if config.fault is not None:  # the capture lab's engine of its own, on the same models
-            from demo.bench.capture_lab import CaptureLab
+            from demo.bench.capture_lab import lab_around
 
-            engine = CaptureLab.around(engine, config.fault)
+            engine = lab_around(engine, config.fault)
         steps = measuring(engine, session.tokenizer, questions, measured_config(session, config, source), deadline)
         while True:
             try:

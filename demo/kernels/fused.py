@@ -79,7 +79,7 @@ class Tiles:
         return ":".join(changed) or "default"
 
 
-TILES = Tiles()  # the grid every launch reads (the bench's tile sweeps put others here, demo/bench/perf_forward.py)
+TILES = Tiles()  # the grid every launch reads (the bench's tile sweeps put others here, demo/bench/tools/perf_forward.py)
 COUNTERS_AT_LEAST = 8192  # a weight's split counters: tiles enough for a 2,048-row prefill of the default target
 SPLIT_BELOW = 256  # a projection of fewer column tiles than this splits its input (Tiles.steps): not the head
 

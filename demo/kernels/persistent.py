@@ -210,7 +210,7 @@ def prefetching(k_cache: torch.Tensor, v_cache: torch.Tensor, *weights: torch.Te
     return GRID.prefetch if runs else 1
 
 
-TRACES: list[torch.Tensor] = []  # Grid.trace's records, [G, stages + 1, 2] int64 a launch (demo.bench.perf_forward)
+TRACES: list[torch.Tensor] = []  # Grid.trace's records, [G, stages + 1, 2] int64 a launch (demo.bench.tools.perf_forward)
 _NO_TRACE: dict[torch.device, torch.Tensor] = {}  # the trace argument of an untraced launch, a device
 _RESIDENT: dict[int, tuple] = {}  # id of a compiled kernel -> (it, programs a multiprocessor holds)
 _PF_BLOCK = 512  # cache lines a program asks L2 for at once

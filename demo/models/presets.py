@@ -15,10 +15,8 @@ from demo.methods import DRAFT_METHODS
 from demo.models.checkpoints import DrafterLoadError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUNDLED_DRAFTERS = {  # trained by this project for the embedded target (scripts produce these directories)
-    "eagle": "assets/drafters/smollm2-135m-eagle",
-    "eagle3": "assets/drafters/smollm2-135m-eagle3",
-}
+# trained by this project for the embedded target, one per drafter method (training/recipe.sh writes them)
+BUNDLED_DRAFTERS = {method: f"assets/drafters/smollm2-135m-{method}" for method in DRAFT_METHODS}
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset(
         name="SmolLM2-135M-Instruct (embedded)",
         target="default",
-        eagle=REPO_ROOT / BUNDLED_DRAFTERS["eagle"],
-        eagle3=REPO_ROOT / BUNDLED_DRAFTERS["eagle3"],
+        **{method: REPO_ROOT / path for method, path in BUNDLED_DRAFTERS.items()},
     ),
     Preset(
         name="Llama-3.1-8B-Instruct",

@@ -160,6 +160,7 @@ class RunTrace:
     steps: list[StepRecord] = field(default_factory=list)  # every engine step, the prefill first
     finish_reason: str | None = None
     settings: dict = field(default_factory=dict)  # the request as plain data (Request.settings()): the acceptance rule, the trace download
+    prompt_ids: list[int] = field(default_factory=list)  # the conversation before the reply, as the target read it
 
     @property
     def trees(self) -> list[DraftTree]:

@@ -22,7 +22,8 @@ import torch
 from demo.drafter_common import DrafterConfig, drafter_dtype, drafter_int8
 from demo.drafters import DRAFTER_CLASSES
 from demo.engine import Engine
-from demo.methods import DRAFT_METHODS, METHOD_LABELS, dtype_label
+from demo.methods import DRAFT_METHODS, METHOD_LABELS, REGISTRY, dtype_label
+from demo.proposers import proposer_for
 from demo.service.engine_thread import run_on_engine_thread
 from demo.service.request import RequestError
 from demo.target import Target
@@ -128,11 +129,12 @@ class Models:
         self.drafter_warnings[method] = list(warnings)
         for (mode, m), engine in self._engines.items():
             if m == method:
-                engine.set_drafter(drafter)
+                engine.set_proposer(proposer_for(method, drafter) if drafter is not None else None)
 
     def methods(self) -> list[str]:
-        """The methods a request can use now: the target alone, and each loaded drafter."""
-        return ["none"] + [m for m in DRAFT_METHODS if self.drafters[m] is not None]
+        """The methods a request can use now, in the registry's order: those that load nothing, and
+        each whose drafter is loaded."""
+        return [m for m, spec in REGISTRY.items() if not spec.needs_drafter or self.drafters[m] is not None]
 
     @property
     def nbytes(self) -> int:
@@ -149,8 +151,8 @@ class Models:
     def engine(self, method: str, mode: str) -> Engine:
         key = (mode, method)
         if key not in self._engines:
-            drafter = None if method == "none" else self.drafters[method]
-            self._engines[key] = Engine(self.target, drafter, mode=mode, max_context=self.max_context,
+            proposer = proposer_for(method, self.drafters.get(method))
+            self._engines[key] = Engine(self.target, proposer, mode=mode, max_context=self.max_context,
                                         drafter_dtype=drafter_dtype(self.target.dtype, self.target.device),
                                         drafter_int8=drafter_int8(self.target.dtype, self.target.device))
         return self._engines[key]

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
-from demo.methods import APP_MAX_SPEC_TOKENS, num_drafts
+from demo.methods import APP_MAX_SPEC_TOKENS, DEFAULT_METHOD, REGISTRY, num_drafts
 
 # Allowed ranges of the generation settings (inclusive), checked before any engine call.
 LIMITS = {
@@ -43,14 +43,14 @@ class Request:
     target alone, and the engine's settings. Build one from loose settings with ``Request.of``."""
 
     prompt: str
-    method: str = "eagle3"
+    method: str = DEFAULT_METHOD
     mode: str = "eager"
     compare: bool = False  # then run the same prompt target-only for the speedup
     gen: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=128))
     time_limit_s: float | None = None  # the most the request (reply and comparison) may hold the engine
 
     @classmethod
-    def of(cls, prompt: str, *, method: str = "eagle3", mode: str = "eager", compare: bool = False,
+    def of(cls, prompt: str, *, method: str = DEFAULT_METHOD, mode: str = "eager", compare: bool = False,
            **generation) -> "Request":
         """Request.of("hi", method="eagle", num_spec_tokens=5, temperature=0.7): the generation
         settings by name, over the request defaults."""
@@ -63,11 +63,14 @@ class Request:
     @property
     def shape(self) -> DraftShape:
         """What each step drafts: a chain of k, a tree of depth k, or nothing (target only)."""
-        return self.gen.draft_shape(self.k)
+        return self.engine_config().draft_shape(self.k)
 
     def engine_config(self) -> GenerationConfig:
-        """What the engine runs: k = 0 for the target alone."""
-        return replace(self.gen, num_spec_tokens=self.k)
+        """What the engine runs: k = 0 for the target alone; a method whose drafts are point masses
+        (a copy) under the pointmass rule, with which the others coincide on them."""
+        method = REGISTRY.get(self.method)
+        rule = self.gen.draft_sampling if method is None or method.samples_drafts else "pointmass"
+        return replace(self.gen, num_spec_tokens=self.k, draft_sampling=rule)
 
     def settings(self) -> dict:
         """The request as plain data (JSON-ready): method, mode, compare and the engine's settings."""
@@ -88,6 +91,9 @@ def check_values(request: Request) -> None:
         return
     if not isinstance(tree, TreeShape):
         raise RequestError(f"tree must be a TreeShape, not {tree!r}.")
+    method = REGISTRY.get(request.method)
+    if method is not None and not method.trees:
+        raise RequestError(f"{method.label} drafts chains, not trees: choose the chain shape (tree_topk 0).")
     for name, (lo, hi) in TREE_LIMITS.items():
         check_number(f"tree {name}", getattr(tree, name), lo, hi)
     try:

@@ -14,9 +14,11 @@ import time
 from dataclasses import replace
 from typing import Generator, Iterator
 
-from demo.config import Deadline, DraftShape, GenerationConfig, TreeShape, default_draft
-from demo.engine import Engine, StepEvent, target_only_width
-from demo.methods import DRAFT_SAMPLING, METHOD_LABELS, METHODS, MODE_LABELS, MODES, num_drafts
+from demo.config import DRAFT_SAMPLING, Deadline, DraftShape, GenerationConfig, TreeShape
+
+from demo.methods import DEFAULT_METHOD, METHODS, METHOD_LABELS, MODES, MODE_LABELS, REGISTRY, default_draft, num_drafts
+from demo.engine import Engine, target_only_width
+from demo.step_result import StepEvent
 from demo.metrics import AcceptanceStats
 from demo.models.prompts import chat_ids
 from demo.service.chat import (
@@ -136,10 +138,17 @@ class Session:
         """The mode the app offers first: graph mode where it runs (a dedicated GPU), else eager."""
         return "eager" if self.cudagraph_unavailable() else "cudagraph"
 
-    def default_draft(self, temperature=0.0) -> tuple[int, TreeShape | None]:
-        """(k, tree) the app offers first here: the fastest measured shape on this device at
-        `temperature`."""
-        return default_draft(self.device.type, temperature)
+    def default_draft(self, temperature=0.0, method: str = DEFAULT_METHOD) -> tuple[int, TreeShape | None]:
+        """(k, tree) the app offers first here for `method` (one not in the registry: the default's):
+        the fastest measured shape on this device at `temperature`."""
+        drafts = isinstance(method, str) and method in REGISTRY and REGISTRY[method].proposer is not None
+        return default_draft(self.device.type, temperature, method if drafts else DEFAULT_METHOD)
+
+    def default_method(self) -> str:
+        """The method the app offers first: the registry's default where its drafter is loaded, else the
+        last this session offers."""
+        methods = self.methods()
+        return DEFAULT_METHOD if DEFAULT_METHOD in methods else methods[-1]
 
     def warmup(self, modes: tuple[str, ...] = ("eager",)) -> float:
         """One tiny generation per mode with the default method and draft shape, and at T > 0 with
@@ -151,10 +160,10 @@ class Session:
     def _warmup(self, modes: tuple[str, ...]) -> float:
         start = time.perf_counter()
         ids = self.tokenizer("Hi")["input_ids"] or [0]
-        method = self.methods()[-1]
-        drafts = {0.0: self.default_draft(0.0)}
-        if self.default_draft(1.0) != drafts[0.0]:
-            drafts[1.0] = self.default_draft(1.0)
+        method = self.default_method()
+        drafts = {0.0: self.default_draft(0.0, method)}
+        if self.default_draft(1.0, method) != drafts[0.0]:
+            drafts[1.0] = self.default_draft(1.0, method)
         for mode in modes:
             for temperature, (k, tree) in drafts.items():
                 gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, k), tree=tree,
@@ -173,7 +182,7 @@ class Session:
         self._check_text(request.prompt, history)
         if request.method not in METHODS:
             raise RequestError(f"Unknown method {request.method!r}: choose one of {', '.join(METHODS)}.")
-        if request.method != "none" and self.drafters[request.method] is None:
+        if REGISTRY[request.method].needs_drafter and self.drafters[request.method] is None:
             raise RequestError(f"{self.name} has no {METHOD_LABELS[request.method]} drafter loaded; "
                                f"choose one of: {', '.join(METHOD_LABELS[m] for m in self.methods())}.")
         if request.mode not in MODES:
@@ -250,7 +259,7 @@ class Session:
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(request.shape.reach),
-                              settings=request.settings())
+                              settings=request.settings(), prompt_ids=list(ids))
         chat.comparison = None
         decoder = IncrementalDecoder(self.tokenizer)
         for event in engine.generate(ids, clock.bound(gen)):
@@ -273,6 +282,23 @@ class Session:
         chat = self.add_user_turn(ChatState(), request)
         yield from self.reply(chat, request)
 
+    def copy_context(self, trace: RunTrace, step: int) -> tuple[str, str, str] | None:
+        """Where step `step`'s copied drafts (the n-gram method's, a tree's lookup branch) came from, as
+        text: (a few tokens before, the suffix the lookup matched, what followed it there: the copy's
+        source), found as the engine's lookup finds it (demo/proposers/ngram.py); None: nothing copied."""
+        from demo.proposers.ngram import copy_source
+
+        record = trace.steps[step] if 0 < step < len(trace.steps) else None
+        if record is None or record.tree is None or not record.tree.copied:
+            return None
+        text = trace.prompt_ids + [t for s in trace.steps[:step] for t in s.token_ids]
+        found = copy_source(text)
+        if found is None:
+            return None
+        start, n = found
+        pieces = (text[max(0, start - n - 6):start - n], text[start - n:start], text[start:start + record.tree.copied])
+        return tuple(self.tokenizer.decode(p, skip_special_tokens=False) for p in pieces)
+
     # ------------------------------------------------------------------ internals
     def _label(self, request: Request) -> str:
         method = METHOD_LABELS[request.method]
@@ -281,7 +307,7 @@ class Session:
             drafts = (f"k = {request.k}" if shape.chain  # a chain drawn from q runs as a tree of top-1
                       else f"tree: depth {shape.depth}, top-{shape.topk}, {shape.width} tokens"
                       + (f" with a lookup branch of {shape.lookup}" if shape.lookup else ""))
-            method += f" ({drafts}" + (", random-init" if self.drafter_labels[request.method] == RANDOM_INIT
+            method += f" ({drafts}" + (", random-init" if self.drafter_labels.get(request.method) == RANDOM_INIT
                                         else "") + ")"
         return f"{self.name} · {method} · {MODE_LABELS[request.mode]}"
 
@@ -321,7 +347,7 @@ class Session:
         request's time ran out before it ended (a cut run would compare a prefix)."""
         k = gen.num_spec_tokens
         turn = Turn("assistant", "", label=label, state="streaming")
-        trace = RunTrace(method, chat.trace.mode, k, AcceptanceStats(gen.draft_shape(k).reach))
+        trace = RunTrace(method, chat.trace.mode, k, AcceptanceStats(gen.draft_shape(k).reach), prompt_ids=list(ids))
         decoder = IncrementalDecoder(self.tokenizer)
         if clock.expired():
             return None

@@ -2,7 +2,7 @@
 in its Settings -> Variables (app.py applies them; command-line flags win where both exist).
 
     SPECLENS_PRESET          the preset the app starts with (demo/models/presets.py; default: the embedded one)
-    SPECLENS_METHOD          the method the page offers first: none, eagle or eagle3 (default: EAGLE-3 if loaded)
+    SPECLENS_METHOD          the method the page offers first: none, ngram, eagle or eagle3 (default: EAGLE-3 if loaded)
     SPECLENS_K               k the page offers first, 1-10 (default: the device's fastest draft)
     SPECLENS_MAX_NEW_TOKENS  max new tokens the page offers first, 1-2048 (default 128)
     SPECLENS_QUEUE_SIZE      events Gradio's queue holds, 1-1000 (default demo.service.hosting.QUEUE_MAX_SIZE)

@@ -39,8 +39,8 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
         draft shape at this temperature."""
         session = Session(cache.get(cache.default_name))
         try:
-            k, tree = draft_of(session.default_draft(temperature), num_spec_tokens, tree_topk, num_draft_tokens,
-                               lookup)
+            k, tree = draft_of(session.default_draft(temperature, method), num_spec_tokens, tree_topk,
+                               num_draft_tokens, lookup)
             request = Request.of(prompt, method=method, mode=mode, num_spec_tokens=k,
                                  temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
                                  tree=tree, draft_sampling=draft_sampling)

@@ -13,10 +13,10 @@ from plotly.subplots import make_subplots
 
 from demo.bench.faults import FAULT_SHORT, capture_label
 from demo.bench.plan import row_config
-from demo.methods import METHOD_LABELS, MODE_LABELS
+from demo.methods import METHOD_LABELS, MODE_LABELS, REGISTRY
 from demo.ui.figures import MODEBAR_REMOVE
 
-METHOD_COLORS = {"none": "#7f7f7f", "eagle": "#48b5c4", "eagle3": "#22559f"}
+METHOD_COLORS = {name: m.color for name, m in REGISTRY.items()}
 MODE_DASH = {"eager": "solid", "cudagraph": "dot"}
 
 

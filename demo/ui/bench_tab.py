@@ -36,7 +36,7 @@ from demo.bench.plan import (
     run_plan,
     summary_rows,
 )
-from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, MODE_LABELS
+from demo.methods import APP_MAX_SPEC_TOKENS, DEFAULT_METHOD, METHOD_LABELS, MODE_LABELS
 from demo.models.prompts import PromptFileError, questions_from_upload, read_questions
 from demo.service import zerogpu
 from demo.service.downloads import write_download
@@ -52,7 +52,8 @@ from demo.ui.html.lab import render_lab
 from demo.ui.html.render import escape, status_html
 
 MAX_PROMPT_FILE_BYTES = 2**20  # hosting.MAX_FILE_SIZE bounds uploads already; a file read here is never larger
-DEFAULT_PLAN = BenchPlan(methods=("none", "eagle3"), modes=("eager",), ks=(1, 2, 3), num_prompts=8, max_new_tokens=48)
+DEFAULT_PLAN = BenchPlan(methods=("none", DEFAULT_METHOD), modes=("eager",), ks=(1, 2, 3), num_prompts=8,
+                         max_new_tokens=48)
 SUMMARY_HEADERS = ["configuration", "prompts", "tokens", "mean acceptance length", "acceptance at draft 1..k",
                    "tokens/s", "speedup vs target only", "propose ms/step", "verify ms/step",
                    "parity (captured = eager)"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from demo.methods import DRAFT_METHODS
 from demo.metrics import DEFINITIONS
 from demo.models.presets import PRESETS
 from demo.service.model_cache import ModelCache, ModelChoice, preset_names
@@ -18,7 +19,7 @@ from demo.service.session import Session, panel_stats, shown_session, visitor_se
 from demo.ui.controls import Controls
 from demo.ui.events import ENGINE, PRIVATE
 from demo.ui.html.render import notices_html, render_stats, status_html
-from demo.ui.settings_panel import default_method, method_choices
+from demo.ui.settings_panel import method_choices
 
 
 def preset_options(device) -> list[tuple[str, str]]:
@@ -47,7 +48,7 @@ def build_custom_models(session: Session) -> dict:
 def register(c: Controls, cache: ModelCache) -> None:
     def loaded(session: Session, message: str) -> dict:
         return {c.model: session.name, c.method: gr.update(choices=method_choices(session),
-                                                           value=default_method(session)),
+                                                           value=session.default_method()),
                 c.notices: notices_html(session.warnings), c.status: status_html(message, "done"),
                 c.stats: render_stats(panel_stats(session, None), DEFINITIONS)}
 
@@ -73,7 +74,7 @@ def register(c: Controls, cache: ModelCache) -> None:
         try:
             session = visitor_session(cache, model)
             target = (target or "").strip() or session.target_spec
-            drafters = {m: s.strip() for m, s in (("eagle", eagle or ""), ("eagle3", eagle3 or "")) if s.strip()}
+            drafters = {m: s.strip() for m, s in zip(DRAFT_METHODS, (eagle or "", eagle3 or "")) if s.strip()}
             name = session.name if target == session.target_spec else Path(target).name or target
             session.switch(ModelChoice(name=name, target=target, drafters=drafters, fallback=False),
                            progress=lambda f, d: progress(f, desc=d))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, TreeShape, default_draft, default_tree
-from demo.methods import METHOD_LABELS, MODE_LABELS
+from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, TreeShape
+
+from demo.methods import DEFAULT_METHOD, METHOD_LABELS, MODE_LABELS, REGISTRY, default_tree
 from demo.service.model_cache import RANDOM_INIT
 from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number
 from demo.service.session import Session
@@ -42,8 +43,12 @@ def method_choices(session: Session) -> list[tuple[str, str]]:
             for m in session.methods()]
 
 
-def default_method(session: Session) -> str:
-    return session.methods()[-1]  # EAGLE-3 when loaded, else EAGLE, else target only
+def shape_choice(method: str) -> dict:
+    """The drafting shape's state for `method`: a method of chains fixes it to a chain."""
+    spec = REGISTRY.get(method)
+    if spec is not None and spec.proposer is not None and not spec.trees:
+        return dict(interactive=False, info=f"{spec.label} drafts a chain: k tokens copied in a row")
+    return dict(interactive=True, info="chain: k drafts in a row; tree: top-k children per node, k deep")
 
 
 def compare_options(method: str) -> dict:
@@ -69,7 +74,7 @@ TYPED = {"num_spec_tokens": "k", "max_new_tokens": "max new tokens", "temperatur
 
 def build_settings(session: Session, defaults: AppSettings) -> dict:
     """Every setting of a request (the preset and "Your own models" are demo/ui/models_panel.py's)."""
-    method = gr.Radio(method_choices(session), value=defaults.method or default_method(session),
+    method = gr.Radio(method_choices(session), value=defaults.method or session.default_method(),
                       label="Drafting method", elem_id="sl-method")
     unavailable = session.cudagraph_unavailable()
     gen = DEFAULT_REQUEST.gen
@@ -82,7 +87,7 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
     num_spec_tokens = gr.Slider(lo, hi, value=defaults.k or k, step=1, label="k: chain length or tree depth",
                                 elem_id="sl-k", info="draft tokens per step in a chain; a tree's depth")
     draft_shape = gr.Radio(["chain", "tree"], value="tree" if tree else "chain", label="Drafting shape",
-                           elem_id="sl-shape", info="chain: k drafts in a row; tree: top-k children per node, k deep")
+                           elem_id="sl-shape", **shape_choice(method.value))
     tree = tree or default_tree(session.device.type)
     lo_nodes, hi_nodes = verified_range(defaults.k or k, tree.topk)
     with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
@@ -119,14 +124,39 @@ def shown_draft(draft: tuple[int, TreeShape | None], topk, nodes) -> tuple:
     return (k, "chain", topk, nodes) if tree is None else (k, "tree", tree.topk, tree.num_draft_tokens)
 
 
-def draft_at_temperature(device_type: str, temperature, k, shape, topk, nodes) -> tuple | None:
+def draft_for_method(device_type: str, temperature, method: str, k, shape, topk, nodes) -> tuple | None:
+    """The draft settings (k, shape, top-k, verified tokens) the page moves to when the method
+    changes: `method`'s first draft at this temperature (Method.default_draft), where the page still
+    shows a method's first draft (untouched); a method of chains turns a visitor's tree into a chain
+    as deep; None: the settings stay."""
+    spec = REGISTRY.get(method)
+    if spec is None or spec.proposer is None:
+        return None
+    try:
+        current = (int(k), shape, int(topk), int(nodes))
+    except (TypeError, ValueError):
+        return None
+    firsts = [m.default_draft(device_type, temperature) for m in REGISTRY.values() if m.proposer is not None]
+    if any(current[:2 if tree is None else 4] == shown_draft((d, tree), *current[2:])[:2 if tree is None else 4]
+           for d, tree in firsts):
+        return shown_draft(spec.default_draft(device_type, temperature), *current[2:])
+    if shape == "tree" and not spec.trees:
+        return (current[0], "chain", *current[2:])
+    return None
+
+
+def draft_at_temperature(device_type: str, temperature, k, shape, topk, nodes,
+                         method: str = DEFAULT_METHOD) -> tuple | None:
     """The draft settings (k, shape, top-k, verified tokens) the page moves to when the temperature
-    changes: the device's fastest shape at the new temperature (``default_draft``), where the page
-    still shows the fastest at the other side of 0; a shape the visitor chose stays (None)."""
-    greedy, sampled = default_draft(device_type, 0.0), default_draft(device_type, 1.0)
+    changes: `method`'s fastest shape on the device at the new temperature (``default_draft``), where
+    the page still shows its fastest at the other side of 0; a shape the visitor chose stays (None)."""
+    spec = REGISTRY.get(method) if isinstance(method, str) else None
+    if spec is None or spec.proposer is None:
+        return None
+    greedy, sampled = spec.default_draft(device_type, 0.0), spec.default_draft(device_type, 1.0)
     if greedy == sampled:
         return None
-    here = default_draft(device_type, temperature)
+    here = spec.default_draft(device_type, temperature)
     there = sampled if here == greedy else greedy
     try:
         current = (int(k), shape, int(topk), int(nodes))
@@ -176,8 +206,14 @@ def register(c: Controls, device_type: str) -> None:
         lo, hi = verified_range(int(depth), int(topk))
         return gr.update(minimum=lo, maximum=hi, value=min(max(int(verified), lo), hi))
 
-    def method_options(method):
-        return gr.update(**compare_options(method))
+    def method_options(method, temperature, k, shape, topk, nodes):
+        """The comparison and the drafting shape follow the method; an untouched draft becomes its first."""
+        moved = draft_for_method(device_type, temperature, method, k, shape, topk, nodes)
+        if moved is None:
+            return [gr.update(**compare_options(method)), gr.skip(), gr.update(**shape_choice(method)), gr.skip(),
+                    gr.skip()]
+        k, shape, topk, nodes = moved
+        return [gr.update(**compare_options(method)), k, gr.update(value=shape, **shape_choice(method)), topk, nodes]
 
     def shape_options(shape):
         return gr.Column(visible=shape == "tree")
@@ -194,13 +230,15 @@ def register(c: Controls, device_type: str) -> None:
         component.change(tree_sizes, inputs=[c.num_spec_tokens, c.tree_topk, c.num_draft_tokens],
                          outputs=[c.num_draft_tokens], **now)
 
-    def follow_temperature(temperature, k, shape, topk, nodes):
-        """Across T = 0 an untouched draft shape becomes the device's fastest at the new temperature."""
-        moved = draft_at_temperature(device_type, temperature, k, shape, topk, nodes)
+    def follow_temperature(temperature, k, shape, topk, nodes, method):
+        """Across T = 0 an untouched draft shape becomes the method's fastest at the new temperature."""
+        moved = draft_at_temperature(device_type, temperature, k, shape, topk, nodes, method)
         return [gr.skip()] * 4 if moved is None else list(moved)
 
     draft = [c.num_spec_tokens, c.draft_shape, c.tree_topk, c.num_draft_tokens]
-    c.temperature.change(follow_temperature, inputs=[c.temperature, *draft], outputs=draft, preprocess=False, **now)
-    c.method.change(method_options, inputs=[c.method], outputs=[c.compare], **now)
+    c.temperature.change(follow_temperature, inputs=[c.temperature, *draft, c.method], outputs=draft,
+                         preprocess=False, **now)
+    c.method.change(method_options, inputs=[c.method, c.temperature, *draft], outputs=[c.compare, *draft],
+                    preprocess=False, **now)
     c.draft_shape.change(shape_options, inputs=[c.draft_shape], outputs=[c.tree_options], **now)
     c.settings_button.click(None, js=TOGGLE_SETTINGS_JS, **PRIVATE)

@@ -55,7 +55,8 @@ def inspector_html(session: Session, trace: RunTrace | None, step: int | None) -
     """Step `step` of the run taken apart (demo/ui/html/inspector.py), its tokens' texts from the tokenizer."""
     record = trace.steps[step] if trace and step is not None and 0 <= step < len(trace.steps) else None
     ids = shown_ids(record) if record else []
-    return render_inspector(trace, step, dict(zip(ids, session.token_texts(ids))) if ids else {})
+    source = session.copy_context(trace, step) if record else None
+    return render_inspector(trace, step, dict(zip(ids, session.token_texts(ids))) if ids else {}, source)
 
 
 def guide_html(session: Session, trace: RunTrace | None, focus: int | None = None) -> str:

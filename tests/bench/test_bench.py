@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from demo.bench import cli as bench
+from demo.bench.tools import cli as bench
 from demo.bench import measure
 from demo.config import DraftShape, TreeShape
 from demo.bench.report import category_rows, format_report, shape_label

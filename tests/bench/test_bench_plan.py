@@ -20,13 +20,14 @@ from demo.bench.plan import (
     run_plan,
     summary_rows,
 )
-from demo.config import default_draft, default_tree
+from demo.methods import default_draft, default_tree
 from demo.metrics import AcceptanceStats
 from demo.service.chat import StepPoint
 from demo.service.hosting import BENCH_WORK_BUDGET, Hosting
 from demo.service.request import RequestError
 from demo.ui import figures
 from demo.ui.bench_figures import bench_figure
+from tests.defaults import set_eagle_defaults
 from tests.tiny_chat import tiny_session
 
 QUESTIONS = [{"question_id": i, "category": c, "turns": ["Say a"]} for i, c in enumerate("xxxyyz", 1)]
@@ -73,9 +74,7 @@ def test_the_tree_shape_measures_the_chat_tabs_default_tree_of_the_device_after_
 
 
 def test_where_a_devices_first_draft_is_a_chain_its_tree_is_the_default_tree_that_deep(monkeypatch):
-    from demo import config
-
-    monkeypatch.setitem(config.DEFAULT_DRAFTS, "cpu", (3, None))
+    set_eagle_defaults(monkeypatch, "cpu", greedy=(3, None))
     assert default_tree_draft("cpu") == (3, default_tree("cpu"))  # as the settings panel starts a visitor's tree
 
 
@@ -150,7 +149,7 @@ def test_a_plan_of_trees_needs_no_k_and_target_only_needs_no_shape(session):
 
 def test_a_drafter_the_models_lack_is_refused_naming_what_is_loaded(session, monkeypatch):
     monkeypatch.setitem(session.models.drafters, "eagle3", None)
-    with pytest.raises(RequestError, match="tiny has no EAGLE-3 drafter loaded; choose among: target only, EAGLE."):
+    with pytest.raises(RequestError, match="tiny has no EAGLE-3 drafter loaded; choose among: target only, n-gram lookup, EAGLE."):
         BenchPlan(methods=("eagle3",)).check(session)
 
 

@@ -4,7 +4,7 @@ distribution, so every greedy draft is accepted and every sampled first draft to
 
 import pytest
 
-from demo.bench import cli as bench
+from demo.bench.tools import cli as bench
 from demo.bench.ceiling import TargetDrafter
 from demo.bench.config import BenchConfig, BenchConfigError
 from demo.config import TreeShape

@@ -1,4 +1,4 @@
-"""demo.bench.compare: token identity and acceptance change of bench runs against a reference."""
+"""demo.bench.tools.compare: token identity and acceptance change of bench runs against a reference."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from demo.bench.compare import compare, main
+from demo.bench.tools.compare import compare, main
 
 
 def report(token_ids: list[list[int]], mal: float, mode: str = "eager", compile_: bool = False) -> dict:

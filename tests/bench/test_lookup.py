@@ -1,11 +1,11 @@
-"""The prompt-lookup estimate (demo.bench.lookup): what a lookup copies, that a replay without a
+"""The prompt-lookup estimate (demo.bench.tools.lookup): what a lookup copies, that a replay without a
 branch gives the recorded steps back, that a branch shortens a reply that repeats itself, and that the
 tool runs the bench's decode on a tiny model and refuses what it cannot measure."""
 
 from __future__ import annotations
 
-from demo.bench import lookup
-from demo.bench.lookup import Recorded, continuation, mean_acceptance, replay
+from demo.bench.tools import lookup
+from demo.bench.tools.lookup import Recorded, continuation, mean_acceptance, replay
 from tests.bench.test_bench import FAST, _drafter
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from demo.bench import cli as bench
-from demo.bench.capture_lab import CaptureLab
+from demo.bench.tools import cli as bench
+from demo.bench.capture_lab import lab_around
 from demo.bench.config import BenchConfig
 from demo.bench.measure import measure
 from demo.bench.parity import parity, parity_cell, parity_sentence
@@ -88,7 +88,7 @@ def test_a_faulted_run_through_the_bench_keeps_the_text_and_its_parity_check_nam
     for fault in ("none", "stale-features"):
         config = BenchConfig(method="eagle", num_spec_tokens=3, max_new_tokens=24, warmup=0, fault=fault,
                              check_parity=True, check_lossless=True)
-        reports[fault] = measure(CaptureLab.around(engine, fault), tok, [question], config)
+        reports[fault] = measure(lab_around(engine, fault), tok, [question], config)
     clean, faulted = reports["none"]["totals"], reports["stale-features"]["totals"]
     assert clean["parity"]["equal"] and clean["lossless"]["identical"] == 1
     assert not faulted["parity"]["equal"] and faulted["lossless"]["identical"] == 1

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from demo.bench.perf import format_profile, profile_step
+from demo.bench.tools.perf import format_profile, profile_step
 from demo.config import GenerationConfig, TreeShape
 from demo.engine import PHASES, Engine
 from demo.target import Target
@@ -45,7 +45,7 @@ def test_target_only_profiles_verification_and_acceptance_only():
 
 
 def test_the_table_plan_measures_every_mode_a_device_has_chains_and_trees():
-    from demo.bench.perf import table_plan
+    from demo.bench.tools.perf import table_plan
 
     cpu, gpu = table_plan("cpu"), table_plan("cuda")
     assert all("--mode" not in flags for _, flags in cpu)  # a CPU has eager mode only
@@ -59,7 +59,7 @@ def test_the_table_plan_measures_every_mode_a_device_has_chains_and_trees():
 
 
 def test_the_tables_drafters_flag_picks_its_drafters_and_leaves_the_bench_flags():
-    from demo.bench.perf import _drafters_flag
+    from demo.bench.tools.perf import _drafters_flag
 
     assert _drafters_flag(["--num-prompts", "4"]) == (["--num-prompts", "4"], ("eagle3", "eagle"))
     assert _drafters_flag(["--drafters", "eagle3", "--num-prompts", "4"]) == (["--num-prompts", "4"], ("eagle3",))
@@ -68,7 +68,7 @@ def test_the_tables_drafters_flag_picks_its_drafters_and_leaves_the_bench_flags(
 
 
 def test_the_table_gives_each_row_its_speed_over_transformers_and_over_target_only():
-    from demo.bench.perf import PerfRow, format_table
+    from demo.bench.tools.perf import PerfRow, format_table
 
     rows = [PerfRow("hf dynamic", 100.0, kind="transformers"), PerfRow("hf static", 200.0, kind="transformers"),
             PerfRow("target", 250.0, kind="target"), PerfRow("eagle3", 500.0, 3.2, 1.0, 2.0)]
@@ -78,7 +78,7 @@ def test_the_table_gives_each_row_its_speed_over_transformers_and_over_target_on
 
 
 def test_the_transformers_row_is_the_generated_tokens_over_the_timed_calls_after_a_warm_up_on_the_longest_prompt(monkeypatch):
-    import demo.bench.perf as perf
+    import demo.bench.tools.perf as perf
 
     hf = tiny_hf("llama")
     hf.generation_config.eos_token_id = None  # run to the budget: 6 new tokens a prompt
@@ -93,7 +93,7 @@ def test_the_transformers_row_is_the_generated_tokens_over_the_timed_calls_after
 
 
 def test_the_profile_compiles_the_phases_the_engine_compiles():
-    from demo.bench.perf import compiled_phase
+    from demo.bench.tools.perf import compiled_phase
 
     target = Target(tiny_hf("llama"))
     drafter_phases = {"project", "catch_up", "draft"}
@@ -106,7 +106,7 @@ def test_the_profile_compiles_the_phases_the_engine_compiles():
 
 
 def test_count_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_row_forward():
-    from demo.bench.perf_forward import count_rows_alike
+    from demo.bench.tools.perf_forward import count_rows_alike
 
     def forward(tokens, positions):  # [1, W] -> [1, W, 5]; a wide pass rounds its third row otherwise
         logits = (tokens.float() + positions.float())[..., None].repeat(1, 1, 5)
@@ -120,7 +120,7 @@ def test_count_rows_alike_counts_only_the_rows_a_wide_forward_computes_as_a_one_
 
 
 def test_perf_forward_gives_a_row_per_kernels_choice_and_width_with_the_verification_forwards_rows_alike():
-    from demo.bench.perf_forward import main
+    from demo.bench.tools.perf_forward import main
 
     table = main(["--shape", "tiny", "--widths", "1,3", "--attend", "256", "--repeats", "3", "--device", "cpu",
                   "--top", "2"])
@@ -132,7 +132,7 @@ def test_perf_forward_gives_a_row_per_kernels_choice_and_width_with_the_verifica
 
 
 def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_and_the_widest_forward():
-    from demo.bench.perf_forward import parse_args
+    from demo.bench.tools.perf_forward import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--context", "200", "--widths", "1,64", "--attend", "256", "--device", "cpu"])
@@ -140,7 +140,7 @@ def test_perf_forward_refuses_an_attend_window_that_does_not_cover_the_context_a
 
 
 def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persistent_once_per_tiles_and_grid_and_refuses_a_malformed_one():
-    from demo.bench.perf_forward import parse_args, parse_grid, variants
+    from demo.bench.tools.perf_forward import parse_args, parse_grid, variants
     from demo.kernels.persistent import Grid
 
     config = parse_args(["--kernels", "torch,fused", "--tiles", "default,block_n=16:steps=3", "--device", "cpu"])
@@ -165,7 +165,7 @@ def test_perf_forward_measures_the_fused_kernels_once_per_tiles_entry_the_persis
 
 
 def test_the_phases_asked_for_list_every_launch_in_order_and_the_others_none():
-    from demo.bench.perf import _launches_flag
+    from demo.bench.tools.perf import _launches_flag
 
     target = Target(tiny_hf("llama"))
     engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
@@ -186,7 +186,7 @@ def test_a_traced_launchs_stage_profile_splits_each_stage_into_the_slowest_progr
     """Two programs, three stages (ns): a stage spans from the first leaving of the barrier before it to
     the first leaving of the one after it; its work per program from leaving to arriving; its barrier
     from the last arrival to the first leaving."""
-    from demo.bench.perf_forward import format_stages, stage_profile
+    from demo.bench.tools.perf_forward import format_stages, stage_profile
 
     trace = torch.tensor([
         [[0, 0], [3000, 5000], [7000, 9500], [12000, 12000]],  # program 0: start; (arrive, leave) per stage

@@ -1,4 +1,4 @@
-"""The sweep (demo.bench.sweep): one engine measures several rows over several prompt sets, each
+"""The sweep (demo.bench.tools.sweep): one engine measures several rows over several prompt sets, each
 row's figures equal to the bench's own run of that row, and rows that need another engine are
 refused before anything loads."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from demo.bench import cli as bench
-from demo.bench import sweep
+from demo.bench.tools import cli as bench
+from demo.bench.tools import sweep
 from tests.bench.test_bench import FAST, QUESTIONS, _drafter
 
 

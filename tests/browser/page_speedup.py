@@ -56,7 +56,7 @@ def page_speedups(prompts: list[str], max_new_tokens: int) -> list[tuple[float, 
 
 def bench_speedups(prompts_file: Path, max_new_tokens: int) -> list[float]:
     """Each prompt's eagle3 / target-only tokens/s, from two bench runs at the page's default draft."""
-    from demo.config import default_draft
+    from demo.methods import default_draft
 
     k, tree = default_draft("cpu")
     draft = ["-k", str(k)] + (["--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.num_draft_tokens)]

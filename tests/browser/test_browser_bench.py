@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import json
 
-from demo.config import default_draft
+from demo.methods import default_draft
 from tests.browser import driver as browser
 from tests.browser.driver import click, css, type_and_generate, usable, wait_for
 

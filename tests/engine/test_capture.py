@@ -1,4 +1,4 @@
-"""demo.engine.CapturedStep without a GPU: torch.cuda's stream and graph calls stood in for, so what is
+"""demo.capture.CapturedStep without a GPU: torch.cuda's stream and graph calls stood in for, so what is
 checked is the order of its runs and the garbage collector's state in each."""
 
 import contextlib
@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from demo.engine import CapturedStep
+from demo.capture import CapturedStep
 
 
 @pytest.fixture

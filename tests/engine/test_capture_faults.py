@@ -9,7 +9,7 @@ but every 4th place's, and stale ones almost none."""
 import pytest
 import torch
 
-from demo.bench.capture_lab import CaptureLab
+from demo.bench.capture_lab import lab_around, lab_engine
 from demo.bench.faults import CAPTURED_DEPTH, check_fault
 from demo.config import TreeShape
 from demo.engine import Engine
@@ -42,7 +42,7 @@ def test_replayed_without_a_fault_is_eager_token_for_token_and_count_for_count(m
     for sampling in (dict(), dict(temperature=0.9, top_p=0.95, seed=3)):
         gen = dict(max_new_tokens=40, num_spec_tokens=3, tree=tree, stop_token_ids=(), **sampling)
         tokens, events = run(Engine(target, drafter, max_context=256), PROMPT, **gen)
-        lab_tokens, lab_events = run(CaptureLab(target, drafter, max_context=256), PROMPT, **gen)
+        lab_tokens, lab_events = run(lab_engine(target, drafter, max_context=256), PROMPT, **gen)
         assert lab_tokens == tokens and counts(lab_events) == counts(events)
         assert [e.num_accepted for e in lab_events] == [e.num_accepted for e in events]
 
@@ -56,7 +56,7 @@ def test_a_lab_engine_leaves_the_engine_it_was_made_around_unchanged(models):
     before_tokens, before = run(engine, PROMPT, **gen)
     b = engine.prepare(3)
     tensors = {name: t.data_ptr() for name, t in vars(b).items() if isinstance(t, torch.Tensor)}
-    lab = CaptureLab.around(engine, "stale-features")
+    lab = lab_around(engine, "stale-features")
     assert lab.mode == engine.mode and lab.drafter is engine.drafter and lab.target is engine.target
     run(lab, PROMPT, **gen)
     after_tokens, after = run(engine, PROMPT, **gen)
@@ -70,7 +70,7 @@ def test_stale_features_keep_the_text_target_only_while_acceptance_falls_at_ever
     _, target, drafter, reference = models
     gen = dict(max_new_tokens=40, num_spec_tokens=3, tree=tree, stop_token_ids=())
     _, eager = run(Engine(target, drafter, max_context=256), PROMPT, **gen)
-    tokens, faulted = run(CaptureLab(target, drafter, fault="stale-features", max_context=256), PROMPT, **gen)
+    tokens, faulted = run(lab_engine(target, drafter, fault="stale-features", max_context=256), PROMPT, **gen)
     assert tokens == reference  # verification keeps the fault out of the text
     good, bad = eager[-1].stats, faulted[-1].stats
     assert bad.mean_acceptance_length < good.mean_acceptance_length - 1
@@ -82,7 +82,7 @@ def test_stale_features_are_invisible_to_eager_mode(models):
     _, target, drafter, _ = models
     gen = dict(max_new_tokens=40, num_spec_tokens=3, stop_token_ids=())
     tokens, eager = run(Engine(target, drafter, max_context=256), PROMPT, **gen)
-    lab = CaptureLab(target, drafter, fault="stale-features", replay=False, max_context=256)
+    lab = lab_engine(target, drafter, fault="stale-features", replay=False, max_context=256)
     lab_tokens, faulted = run(lab, PROMPT, **gen)
     assert lab_tokens == tokens and counts(faulted) == counts(eager)
 
@@ -90,12 +90,12 @@ def test_stale_features_are_invisible_to_eager_mode(models):
 def test_a_drafter_step_captured_at_k_1_keeps_draft_1_and_loses_the_rest(models):
     _, target, drafter, reference = models
     gen = dict(max_new_tokens=40, num_spec_tokens=3, stop_token_ids=())
-    tokens, faulted = run(CaptureLab(target, drafter, fault="draft-shape", max_context=256), PROMPT, **gen)
+    tokens, faulted = run(lab_engine(target, drafter, fault="draft-shape", max_context=256), PROMPT, **gen)
     assert tokens == reference
     accepted = faulted[-1].stats.accepted_per_position
     assert accepted[0] > 0 and accepted[CAPTURED_DEPTH:] == [0, 0]  # drafts 2 and 3 are stale buffer contents
     # eager builds every step at its own k: no shape to mismatch
-    lab = CaptureLab(target, drafter, fault="draft-shape", replay=False, max_context=256)
+    lab = lab_engine(target, drafter, fault="draft-shape", replay=False, max_context=256)
     assert counts(run(lab, PROMPT, **gen)[1]) == counts(run(Engine(target, drafter, max_context=256), PROMPT, **gen)[1])
 
 
@@ -124,7 +124,7 @@ def test_on_the_default_target_stale_features_lower_acceptance_and_keep_the_text
     prompt = chat_ids(tok, [{"role": "user", "content": "Write a haiku about the sea."}])
     gen = dict(max_new_tokens=24, num_spec_tokens=3)
     tokens, eager = run(engine, prompt, **gen)
-    faulted_tokens, faulted = run(CaptureLab.around(engine, "stale-features"), prompt, **gen)
+    faulted_tokens, faulted = run(lab_around(engine, "stale-features"), prompt, **gen)
     target_only, _ = run(Engine(target, None, max_context=256), prompt, max_new_tokens=24)
     assert faulted_tokens == tokens == target_only
     assert faulted[-1].stats.mean_acceptance_length < eager[-1].stats.mean_acceptance_length - 0.3
@@ -134,7 +134,7 @@ def test_a_lab_engine_keeps_every_engine_method_callable(models):
     # the lab keeps state of its own beside the engine's; an attribute that took a method's name
     # (as its bindings once took Engine._captured) breaks only the GPU's capture, which no CPU run reaches
     _, target, drafter, _ = models
-    lab = CaptureLab(target, drafter, fault="stale-features", max_context=256)
+    lab = lab_engine(target, drafter, fault="stale-features", max_context=256)
     lab.prepare(3)
     methods = {name for name in dir(Engine) if callable(getattr(Engine, name))}
     assert sorted(name for name in vars(lab) if name in methods) == []

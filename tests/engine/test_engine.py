@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from demo.config import GenerationConfig, TreeShape
-from demo.engine import Engine, compile_step
+from demo.capture import compile_step
+from demo.engine import Engine
+from demo.step_buffers import state_tensors
 from demo.target import Target
 from tests.tiny import OracleDrafter, corrupted_oracle, hf_greedy, run, tiny_drafter, tiny_hf
 
@@ -90,11 +92,11 @@ def test_step_tensors_live_in_persistent_buffers_across_requests(tree):
     engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
     gen = GenerationConfig(max_new_tokens=12, num_spec_tokens=4, tree=tree, stop_token_ids=())
     b = engine.prepare(gen.draft_shape(4))
-    tensors = lambda: {k: v.data_ptr() for k, v in vars(b).items() if isinstance(v, torch.Tensor)}  # noqa: E731
+    tensors = lambda: [t.data_ptr() for t in state_tensors(b)]  # noqa: E731  (the proposer's state included)
     before = tensors()
     run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=4, tree=tree, temperature=0.9, stop_token_ids=())
     run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=4, tree=tree, stop_token_ids=())
-    assert tensors() == before and "catch_features" in before
+    assert tensors() == before and "catch_features" in vars(b.draft)
 
 
 def test_events_stream_one_step_at_a_time_with_timings():

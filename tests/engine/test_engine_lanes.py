@@ -10,9 +10,11 @@ is wasted but changes nothing. tests/gpu/test_graph_mode_gpu.py checks the same 
 import pytest
 import torch
 
+import demo.capture as capture_module
 import demo.engine as engine_module
 from demo.config import GenerationConfig, TreeShape
 from demo.engine import Engine
+from demo.step_buffers import state_tensors
 from demo.target import Target
 from tests.tiny import corrupted_oracle, hf_greedy, tiny_drafter, tiny_hf
 
@@ -51,7 +53,7 @@ class StandInEvent:
 
 @pytest.fixture
 def graph_mode(monkeypatch):
-    monkeypatch.setattr(engine_module, "CapturedStep", StandInGraph)
+    monkeypatch.setattr(capture_module, "CapturedStep", StandInGraph)
     monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
 
@@ -153,15 +155,15 @@ def test_every_capture_starts_from_the_state_prepare_made(graph_mode, monkeypatc
     drafter = tiny_drafter("eagle3", target)
     shape = GenerationConfig(num_spec_tokens=3, tree=tree).draft_shape(3)
     seen = []
-    verify = Engine._verify_forward
+    verify = Engine.verify
     def recorded(self, b, attend=None):
         seen.append(int(b.verify_positions.max()))
         return verify(self, b, attend)
-    monkeypatch.setattr(Engine, "_verify_forward", recorded)
+    monkeypatch.setattr(Engine, "verify", recorded)
     eager = Engine(target, drafter, max_context=128).prepare(shape)
     graph = graph_mode(target, drafter, max_context=128).prepare(shape)
     assert max(seen) < 16  # each capture's three runs stayed within the smallest bucket
-    for mine, theirs in zip(engine_module._state_tensors(graph), engine_module._state_tensors(eager)):
+    for mine, theirs in zip(state_tensors(graph), state_tensors(eager)):
         assert torch.equal(mine, theirs)
 
 
@@ -177,17 +179,17 @@ def test_a_generation_captures_the_attend_buckets_it_can_reach_before_it_starts(
     buffers = engine.prepare(short.draft_shape(3), used=1)
     assert sorted(buffers.lanes) == [16, 32]
     order = []
-    for name in ("_capture", "_prefill", "_launch"):
-        def recorded(self, *args, name=name, real=getattr(Engine, name)):
+    for owner, name in ((engine_module, "capture_steps"), (Engine, "_prefill"), (Engine, "_launch")):
+        def recorded(self, *args, name=name, real=getattr(owner, name)):  # capture_steps takes the engine first
             if self is engine:
                 order.append(name)
             return real(self, *args)
-        monkeypatch.setattr(Engine, name, recorded)
+        monkeypatch.setattr(owner, name, recorded)
     long = GenerationConfig(max_new_tokens=100, num_spec_tokens=3, stop_token_ids=())
     eager = _run(Engine(target, drafter, max_context=128), long)[0]
     assert _run(engine, long)[0] == eager
     assert sorted(buffers.lanes) == [16, 32, 64, 128]
-    assert order[0] == "_capture" and order.index("_prefill") == order.count("_capture")  # all before the prefill
+    assert order[0] == "capture_steps" and order.index("_prefill") == order.count("capture_steps")  # all before the prefill
 
 
 def test_no_bucket_narrower_than_a_step_is_captured_and_a_wide_tree_gives_eagers_tokens(graph_mode, monkeypatch):

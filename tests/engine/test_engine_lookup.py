@@ -6,9 +6,10 @@ past the drafter's depth."""
 import pytest
 import torch
 
-from demo.bench.lookup import continuation
+from demo.bench.tools.lookup import continuation
 from demo.config import LOOKUP_NGRAM, DraftShape, GenerationConfig, TreeShape
 from demo.engine import Engine
+from demo.step_buffers import state_tensors
 from demo.target import Target
 from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
 
@@ -111,7 +112,6 @@ def test_a_lookup_step_keeps_its_tensors_in_persistent_buffers():
     engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
     gen = GenerationConfig(max_new_tokens=12, num_spec_tokens=3, tree=TreeShape(2, 5, 6), stop_token_ids=())
     b = engine.prepare(gen.draft_shape(3))
-    before = {k: v.data_ptr() for k, v in vars(b.tree).items() if isinstance(v, torch.Tensor)}
+    before = [t.data_ptr() for t in state_tensors(b)]
     run(engine, PROMPT, max_new_tokens=12, num_spec_tokens=3, tree=TreeShape(2, 5, 6), stop_token_ids=())
-    assert {k: v.data_ptr() for k, v in vars(b.tree).items() if isinstance(v, torch.Tensor)} == before
-    assert "history" in before
+    assert [t.data_ptr() for t in state_tensors(b)] == before and b.history is not None

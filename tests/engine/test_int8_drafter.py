@@ -113,7 +113,7 @@ def test_a_generation_starts_its_catch_up_from_no_rows_of_the_one_before(tree, m
     run(engine, [5, 250, 251, 252, 253, 254, 3, 9] * 3, max_new_tokens=24, num_spec_tokens=4, tree=tree,
         stop_token_ids=())
     b = next(iter(engine._buffers.values()))
-    assert b.catch_features[:, 1:].abs().sum() > 0  # the previous generation's rows, before the next prefill
+    assert b.draft.catch_features[:, 1:].abs().sum() > 0  # the previous generation's rows, before the next prefill
     gen = GenerationConfig(max_new_tokens=8, num_spec_tokens=4, tree=tree, stop_token_ids=())
     next(engine.generate(PROMPT, gen))  # the prefill's event
-    assert not b.catch_features[:, 1:].any() and not b.catch_tokens[0, 1:].any()
+    assert not b.draft.catch_features[:, 1:].any() and not b.draft.catch_tokens[0, 1:].any()

@@ -17,7 +17,7 @@ import torch
 
 from demo.config import DraftShape, TreeShape
 from demo.tree import best_in_order, draft_tree
-from demo.tree_lookup import graft_branch
+from demo.proposers.ngram import graft_branch
 from demo.tree_verify import tree_pointmass_rule, tree_q_rule, tree_wor_rule
 
 V, ROOT, DRAWS = 6, 2, 30000

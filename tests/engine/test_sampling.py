@@ -92,7 +92,7 @@ def test_sampled_speculative_decoding_matches_the_targets_joint_distribution(mon
     # 3000 draws over 36 cells: a correct sampler sits near 0.04
     assert _tv(counts, joint) < 0.065
     # the tolerance is tight enough to catch a wrong acceptance rule (it lands near 0.14)
-    monkeypatch.setattr("demo.engine.sampled_rule", _resample_without_removing_the_draft)
+    monkeypatch.setattr("demo.accept.sampled_rule", _resample_without_removing_the_draft)
     wrong, _ = _joint_of_first_two_tokens(engine, prompt, 3000)
     assert _tv(wrong, joint) > 0.09
 

@@ -90,7 +90,7 @@ def test_the_target_forward_is_unchanged_by_stacking_and_by_a_later_dtype_change
 
 
 def test_a_compiled_forward_reads_the_stacks_made_before_it():
-    from demo.engine import compile_step
+    from demo.capture import compile_step
 
     target = Target(tiny_hf("llama"))
     target.setup_cache(16)

@@ -79,7 +79,7 @@ def test_default_target_matches_transformers(default_target):
 def test_compiled_step_rounds_like_eager_in_bf16():
     # the engine compiles step functions with compile_step; in bf16 a plain torch.compile keeps fp32
     # intermediates in fused norms and differs from eager (0.2 in these logits); ours must not
-    from demo.engine import compile_step
+    from demo.capture import compile_step
 
     target = Target(tiny_hf("llama").to(torch.bfloat16))
     target.setup_cache(32)

@@ -89,7 +89,7 @@ def _tree_of(engine, depth, tree, prompt=PROMPT):
     b = engine.prepare(shape)
     with torch.inference_mode():
         engine._prefill(b, prompt, GenerationConfig().sampling, None)
-        engine._propose(b)
+        engine.propose(b)
     return b
 
 
@@ -99,7 +99,7 @@ def test_every_tree_node_gets_the_logits_of_its_own_path():
     engine = Engine(target, tiny_drafter("eagle3", target), max_context=128)
     b = _tree_of(engine, 4, TreeShape(3, 14))
     with torch.inference_mode():
-        logits, _ = engine._verify_forward(b)
+        logits, _ = engine.verify(b)
     tokens, parents = b.verify_tokens[0].tolist(), b.tree.parents.tolist()
     for i in range(len(tokens)):  # a naive reference: the prompt, then the node's path, in one causal forward
         path, j = [], i
@@ -232,7 +232,7 @@ def test_sampled_drafts_are_draws_from_q_in_a_tree_of_num_draft_tokens(draft_sam
     with torch.inference_mode():
         engine._prefill(b, PROMPT, GenerationConfig(temperature=1.0).sampling, torch.Generator().manual_seed(0))
         b.tree.uniforms.uniform_(generator=torch.Generator().manual_seed(1))
-        engine._propose(b)
+        engine.propose(b)
     q = b.tree.q  # [R, V] rows are distributions over the target vocabulary
     assert torch.allclose(q.sum(-1), torch.ones(q.shape[0]))
     tokens, rows, parents, depths = b.verify_tokens[0], b.tree.q_row, b.tree.parents, b.tree.depths
@@ -268,7 +268,7 @@ def test_sampled_trees_emit_the_targets_joint_distribution(gen, monkeypatch):
     assert tv(counts) < 0.075  # 2000 draws over 36 cells: a correct sampler sits near 0.045
     # the check has the power to catch a wrong rule: accepting every sampled draft emits q, not p
     if gen.get("draft_sampling") == "q":
-        monkeypatch.setattr("demo.engine.tree_q_rule", lambda tokens, parents, depths, probs, q, *rest, **kw:
+        monkeypatch.setattr("demo.accept.tree_q_rule", lambda tokens, parents, depths, probs, q, *rest, **kw:
                             __import__("demo.tree_verify").tree_verify.tree_q_rule(
                                 tokens, parents, depths, probs, torch.zeros_like(q), *rest, **kw))
         wrong, _ = _first_two_tokens(engine, prompt, 2000, **gen)

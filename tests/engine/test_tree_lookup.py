@@ -1,4 +1,4 @@
-"""The prompt-lookup branch on the device (demo/tree_lookup.py): the copy is the bench estimate's,
+"""The prompt-lookup branch on the device (demo/proposers/ngram.py): the copy is the bench estimate's,
 on any history; grafted on a tree it extends the path it repeats, keeps the tree a tree with
 distinct siblings, and greedy verification accepts along it past the drafter's depth."""
 
@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from demo.bench.lookup import continuation
-from demo.tree_lookup import graft_branch, lookup_continuation
+from demo.bench.tools.lookup import continuation
+from demo.proposers.ngram import graft_branch, lookup_continuation
 from demo.tree_verify import verify_tree_greedy
 
 

@@ -13,8 +13,13 @@ def reply_tokens(engine, prompt, **gen):
 
 
 def make_drafter(method, target, table):
-    """The drafter of `method` for `target`: None for "none", an oracle of `table` wrong every 5th
-    token for "oracle", else a random one (EAGLE-3's with a 128-token draft vocabulary)."""
+    """The proposer (or drafter) of `method` for `target`: None for "none", the n-gram lookup for
+    "ngram", an oracle of `table` wrong every 5th token for "oracle", else a random drafter (EAGLE-3's
+    with a 128-token draft vocabulary)."""
     if method == "oracle":
         return corrupted_oracle(table, target, every=5)
+    if method == "ngram":
+        from demo.proposers import NgramProposer
+
+        return NgramProposer()
     return None if method == "none" else tiny_drafter(method, target, draft_vocab_size=128 if method == "eagle3" else 0)

@@ -37,8 +37,8 @@ def _attention_inputs(M, S, dtype, tree, seed=0):
 def test_triton_attention_matches_sdpa_on_a_gpu_eager_compiled_and_captured(dtype):
     import torch.nn.functional as F
 
-    from demo.bench.timing import capture_alone
-    from demo.engine import compile_step
+    from demo.bench.tools.timing import capture_alone
+    from demo.capture import compile_step
     from demo.kernels.attend import attend, triton_runs
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for M, S, tree in ((1, 512, False), (8, 512, False), (8, 520, True), (97, 1024, True), (8, 2048, False),

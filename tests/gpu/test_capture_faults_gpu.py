@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import demo.engine as engine_module
-from demo.bench.capture_lab import CaptureLab
+from demo.bench.capture_lab import lab_engine
 from demo.bench.faults import CAPTURED_DEPTH
 from demo.config import GenerationConfig, TreeShape
 from demo.engine import Engine
@@ -40,7 +40,7 @@ def models(monkeypatch):
 def test_the_labs_graphs_without_a_fault_are_eagers_counts(models):
     target, drafter, reference = models
     eager = decode(Engine(target, drafter, max_context=128))
-    assert decode(CaptureLab(target, drafter, mode="cudagraph", max_context=128)) == eager
+    assert decode(lab_engine(target, drafter, mode="cudagraph", max_context=128)) == eager
     assert eager[0] == reference
 
 
@@ -48,7 +48,7 @@ def test_the_labs_graphs_without_a_fault_are_eagers_counts(models):
 def test_a_fault_in_the_real_graphs_keeps_the_text_and_lowers_acceptance(models, fault):
     target, drafter, reference = models
     _, (_, accepted, per_position) = decode(Engine(target, drafter, max_context=128))
-    lab = CaptureLab(target, drafter, fault=fault, mode="cudagraph", max_context=128)
+    lab = lab_engine(target, drafter, fault=fault, mode="cudagraph", max_context=128)
     tokens, (_, faulted, faulted_per_position) = decode(lab)
     assert tokens == reference and faulted < accepted
     assert any(g.replays for g in lab.prepare(3).graphs.values())  # the graphs ran
@@ -64,7 +64,7 @@ def test_a_trees_graphs_over_several_buckets_replay_safely_with_or_without_the_f
     target, drafter, reference = models
     tree = TreeShape(2, 6)
     eager = decode(Engine(target, drafter, max_context=128), tree)
-    lab = CaptureLab(target, drafter, fault=fault, mode="cudagraph", max_context=128)
+    lab = lab_engine(target, drafter, fault=fault, mode="cudagraph", max_context=128)
     first, second = decode(lab, tree), decode(lab, tree)
     torch.cuda.synchronize()
     assert first == second and first[0] == reference

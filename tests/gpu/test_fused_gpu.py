@@ -3,7 +3,7 @@ close to fp32 as PyTorch's layers (Llama, heads of 32, Qwen2, Qwen3); a compiled
 eager's logits and cache bit for bit; graph mode stays token-identical to eager with the fused
 kernels and with "torch" (PyTorch's layers and SDPA, ``Target(hf, kernels="torch")``, the
 reference), and a fused chain compiled too; bf16 speculation with the fused layers gives 1-row
-target-only's tokens whatever the tiles (``demo.bench.perf_forward.tiles_of``); and a bf16 tree
+target-only's tokens whatever the tiles (``demo.bench.tools.perf_forward.tiles_of``); and a bf16 tree
 verification at the default target's shape gives each node the logits of 1-row steps along its path.
 
 CUDA only (skipped without a CUDA device); run on a GPU machine: ``python -m pytest -q tests/gpu``.
@@ -48,7 +48,7 @@ def test_fused_layers_give_fp32_logits_exactly_and_bf16_logits_as_close_to_fp32_
 def test_a_compiled_fused_forward_gives_eagers_logits_and_cache_bit_for_bit_on_a_gpu():
     # heads of 32: RoPE and the cache write in norm_qkv_rope, so every figure comes from the same
     # kernels either way, and the compiler only functionalizes the cache writes
-    from demo.engine import compile_step
+    from demo.capture import compile_step
 
     hf = tiny_hf("llama", **HEADS_OF_32).to("cuda", torch.bfloat16)
     target = Target(hf, kernels="fused")
@@ -103,7 +103,7 @@ def test_with_fused_layers_bf16_speculation_gives_one_row_target_onlys_tokens_on
     # to their ancestors in slot order (demo.kernels.attend.seen_slots), as target-only attends to the path;
     # whatever the tiles (heads of 64 split between two programs each, 64-row tiles, the input split
     # in 16-column steps, one a program)
-    from demo.bench.perf_forward import parse_tiles, tiles_of
+    from demo.bench.tools.perf_forward import parse_tiles, tiles_of
 
     with tiles_of(parse_tiles(tiles)):  # every launch inside, captured graphs too, runs these tiles
         _fused_speculation_gives_target_onlys_tokens(HEADS_OF_32 if tiles == "default" else HEADS_OF_64, tree, oracle)
@@ -145,7 +145,7 @@ def _random_tree(n: int, seed: int) -> torch.Tensor:
 def test_a_bf16_tree_verification_gives_each_node_the_logits_of_one_row_steps_along_its_path(context):
     # the whole target forward, at the default target's shape (random weights): a tree's nodes, their
     # ancestors scattered over the tree's slots, against 1-row forwards along each node's path
-    from demo.bench.perf_forward import random_target
+    from demo.bench.tools.perf_forward import random_target
     from demo.tree import ancestors, tree_attention_mask
 
     target = random_target("smollm2-135m", "cuda", torch.bfloat16, 1024)  # Target(hf): the fused kernels

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.cuda
 STEP_GRAPHS = {"step", "step_sampled", "step.1", "step_sampled.1"}  # two lanes (demo.engine.Lane); T > 0 adds accept_sampled
 
 SHAPES = [(1, None), (4, None), (4, TreeShape(1, 0)), (3, TreeShape(3, 10)), (5, TreeShape(4, 20))]
-CASES = [(m, k, t) for m in ("none", "eagle", "eagle3", "oracle") for k, t in SHAPES if m != "none" or t is None]
+CASES = [(m, k, t) for m in ("none", "eagle", "eagle3", "oracle") for k, t in SHAPES if m != "none" or t is None] + \
+    [("ngram", k, None) for k in (1, 4)]  # a proposer of chains (demo/proposers/ngram.py)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -132,7 +133,7 @@ def test_compiled_graphs_match_eager_on_an_oracle_drafter(scope):
     assert reply_tokens(engine, PROMPT, max_new_tokens=32, num_spec_tokens=3, stop_token_ids=()) == ref
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "ngram"])
 def test_compiling_only_the_drafter_keeps_graph_modes_tokens_in_bf16(method):
     # verification stays uncompiled, so the output is the graph (= eager) output token for token
     # whatever the compiled drafter proposes; only acceptance may move
@@ -152,7 +153,7 @@ def test_replayed_target_forward_is_bitwise_eager_at_the_default_targets_shape(q
     # decoding (q = 1) leave eager's tokens on 2 of 8 and 7 of 16 prompts while q = 8 matched bit
     # for bit. Both orders: an eager run made first may fix per-shape library choices that the
     # capture then reuses; CapturedStep now makes such a call itself before capturing.
-    from demo.engine import CapturedStep
+    from demo.capture import CapturedStep
 
     hf = tiny_hf("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                  num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,

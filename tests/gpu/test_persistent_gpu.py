@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cuda
 
 @pytest.mark.parametrize("attend", [128, 512], ids=["one-slot-split", "four-slot-splits"])
 def test_the_persistent_launch_gives_the_fused_paths_bits_at_the_default_targets_shape(attend, monkeypatch):
-    from demo.bench.perf_forward import random_target
+    from demo.bench.tools.perf_forward import random_target
     from demo.kernels import persistent
     from demo.tree import tree_attention_mask
 
@@ -99,7 +99,7 @@ def test_bf16_speculation_through_the_persistent_launch_gives_one_row_target_onl
 def test_a_traced_launch_keeps_the_bits_and_times_every_stage_in_order(monkeypatch):
     """Grid.trace (the bench's stage profile): the same logits, and each program's clock rises through
     its start, every stage's arrival and leaving, and its end."""
-    from demo.bench.perf_forward import random_target, stage_profile
+    from demo.bench.tools.perf_forward import random_target, stage_profile
     from demo.kernels import persistent
 
     target = random_target("smollm2-135m", "cuda", torch.bfloat16, 512)

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.cuda
 
 
 def test_row_topk_is_torch_topk_and_its_log_probs_log_softmax_on_a_gpu_eager_compiled_and_captured():
-    from demo.bench.timing import capture_alone
-    from demo.engine import compile_step
+    from demo.bench.tools.timing import capture_alone
+    from demo.capture import compile_step
     from demo.kernels.topk import row_topk
     x = torch.randn(65, 49152 + 77, device="cuda")
     x[3] = 1.0  # all equal: the lowest columns first

@@ -1,4 +1,4 @@
-"""demo/tree_lookup.py on a GPU: the copy and the graft read nothing back to the host, so both are
+"""demo/proposers/ngram.py on a GPU: the copy and the graft read nothing back to the host, so both are
 captured in a CUDA graph as they stand, eager and compiled, and a replay over new histories and
 lengths gives eager's tree. (A 0-dim tensor used as an index reads the host and breaks a capture.)
 In the engine, a lookup tree's graph mode gives eager's tokens, greedy and point-mass, and with the
@@ -15,7 +15,7 @@ import torch
 from demo.config import GenerationConfig, TreeShape
 from demo.engine import Engine
 from demo.target import Target
-from demo.tree_lookup import graft_branch, lookup_continuation
+from demo.proposers.ngram import graft_branch, lookup_continuation
 from tests.engine.test_tree_lookup import random_tree
 from tests.gpu.helpers import reply_tokens
 from tests.tiny import corrupted_oracle, tiny_drafter, tiny_hf
@@ -32,7 +32,7 @@ def _branch(history, length, tokens, parents, depths):
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_lookup_branch_is_captured_as_it_stands_and_replays_as_eager_runs(compiled):
-    from demo.bench.timing import capture_alone
+    from demo.bench.tools.timing import capture_alone
     rng = random.Random(0)
     history = torch.randint(0, 8, (2048,), device="cuda")
     length = torch.tensor(1024, device="cuda")

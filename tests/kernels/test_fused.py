@@ -35,7 +35,7 @@ def check_ops() -> None:
              (13, 64, 4100, fused.Tiles(block_n=16, wide_block_n=64)),  # too wide to split: the head's own tiles
              (7, 300, 40, fused.Tiles(unroll_norm=0)))  # the norm's sum of squares in a loop
     for R, K, N, tiles in cases:
-        fused.TILES = tiles  # this process's every later launch (what demo.bench.perf_forward.tiles_of does)
+        fused.TILES = tiles  # this process's every later launch (what demo.bench.tools.perf_forward.tiles_of does)
         x = torch.randn(R, K, generator=g)
         norm = SimpleNamespace(weight=1 + 0.1 * torch.randn(K, generator=g), variance_epsilon=1e-5)
         w = torch.randn(N, K, generator=g) / K ** 0.5

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from demo.config import TreeShape, default_draft
+from demo.config import TreeShape
+
+from demo.methods import default_draft
 from demo.engine import Engine
 from demo.metrics import DEFINITIONS
 from demo.service.chat import ChatState, Turn, first_difference
@@ -438,7 +440,7 @@ def test_in_bf16_compare_checks_the_reply_against_target_only_run_at_the_verific
 
 
 def test_the_warm_up_runs_the_default_draft_shape_of_each_side_of_zero(monkeypatch):
-    import demo.config as config
+    from tests.defaults import set_eagle_defaults
 
     session = tiny_session()
     asked = []
@@ -450,10 +452,10 @@ def test_the_warm_up_runs_the_default_draft_shape_of_each_side_of_zero(monkeypat
 
     monkeypatch.setattr(Engine, "generate", generate)
     greedy = default_draft("cpu", 0.0)
-    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", greedy)
+    set_eagle_defaults(monkeypatch, "cpu", sampled="greedy")
     session.warmup(("eager",))
     assert asked == [(0.0, *greedy)]  # one default at every temperature: one warm-up
     asked.clear()
-    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
+    set_eagle_defaults(monkeypatch, "cpu", sampled=(2, TreeShape(2, 4)))
     session.warmup(("eager",))
     assert asked == [(0.0, *greedy), (1.0, 2, TreeShape(2, 4))]

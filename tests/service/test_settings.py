@@ -23,7 +23,7 @@ def test_every_variable_is_read_into_its_field():
 
 @pytest.mark.parametrize("name, value, allowed", [
     ("SPECLENS_PRESET", "gpt-5", "one of 'SmolLM2-135M-Instruct (embedded)'"),
-    ("SPECLENS_METHOD", "EAGLE-3", "one of none (target only), eagle (EAGLE), eagle3 (EAGLE-3)."),
+    ("SPECLENS_METHOD", "EAGLE-3", "one of none (target only), ngram (n-gram lookup), eagle (EAGLE), eagle3 (EAGLE-3)."),
     ("SPECLENS_K", "0", "a whole number from 1 to 10."),
     ("SPECLENS_K", "three", "a whole number from 1 to 10."),
     ("SPECLENS_MAX_NEW_TOKENS", "4096", "a whole number from 1 to 2048."),

@@ -106,15 +106,16 @@ def test_a_reply_streams_what_each_step_added_and_its_whole_rendering_once(clien
 
 
 def test_the_defaults_are_the_devices_fastest_mode_and_its_draft_shape_at_the_requests_temperature(client, monkeypatch):
-    import demo.config as config
-    from demo.config import TreeShape, default_draft
+    from demo.config import TreeShape
+    from tests.defaults import set_eagle_defaults
+    from demo.methods import default_draft
 
     api = client.view_api(return_format="dict", print_info=False)
     defaults = {p["parameter_name"]: p["parameter_default"] for p in api["named_endpoints"]["/generate"]["parameters"]}
     assert defaults["mode"] == "eager"  # a CPU: graph mode needs a CUDA GPU
     assert defaults["num_spec_tokens"] is defaults["tree_topk"] is defaults["num_draft_tokens"] is None
     # a device whose sampled default differs (as a GPU's does): a call without a shape decodes each side's
-    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
+    set_eagle_defaults(monkeypatch, "cpu", sampled=(2, TreeShape(2, 4)))
     for temperature, k in ((0.0, default_draft("cpu", 0.0)[0]), (0.8, 2)):
         values = list(client.submit(prompt="Say a", temperature=temperature, max_new_tokens=4, api_name="/generate"))
         assert values[-1]["stats"]["num_spec_tokens"] == k
@@ -124,7 +125,8 @@ def test_the_defaults_are_the_devices_fastest_mode_and_its_draft_shape_at_the_re
 
 
 def test_a_shape_parameter_left_out_comes_from_the_devices_fastest_shape_at_the_temperature():
-    from demo.config import TreeShape, default_draft
+    from demo.config import TreeShape
+    from demo.methods import default_draft
     from demo.ui.api import draft_of
 
     greedy, sampled = default_draft("cuda", 0.0), default_draft("cuda", 1.0)
@@ -139,9 +141,9 @@ def test_a_shape_parameter_left_out_comes_from_the_devices_fastest_shape_at_the_
 
 
 def test_the_served_probe_answers_every_mode_and_shape_and_counts_a_replys_bytes(client):
-    from demo.bench.served import probe
+    from demo.bench.tools.served import probe
 
     report = probe(client.src, max_new_tokens=8, long_tokens=16)
     rows = [line for line in report.splitlines() if line.startswith("| eager")]
-    assert len(rows) == 5 and all("| yes |" in row for row in rows), report  # a CPU app: eager mode only
+    assert len(rows) == 6 and all("| yes |" in row for row in rows), report  # a CPU app: eager mode only
     assert "4/4 answered" in report and re.search(r"\(16 tokens, max new tokens 16\): [\d,]+ bytes", report)

@@ -3,10 +3,11 @@ fastest at the new temperature (demo/ui/settings_panel.py), and a visitor's own 
 
 import pytest
 
-import demo.config as config
-from demo.config import TreeShape, default_draft
+from demo.config import TreeShape
+from demo.methods import default_draft
 from demo.ui.settings_panel import draft_at_temperature
 from demo.views import build_demo
+from tests.defaults import set_eagle_defaults
 from tests.tiny_chat import tiny_session
 
 
@@ -34,7 +35,7 @@ def test_an_untouched_cpu_tree_becomes_the_sampled_chain_and_comes_back():
 
 
 def test_where_both_temperatures_share_a_shape_nothing_moves(monkeypatch):
-    monkeypatch.delitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu")
+    set_eagle_defaults(monkeypatch, "cpu", sampled="greedy")
     assert default_draft("cpu", 0.0) == default_draft("cpu", 0.7)
     assert draft_at_temperature("cpu", 0.7, 3, "chain", 2, 8) is None
 
@@ -49,11 +50,11 @@ def test_a_temperature_that_is_not_a_number_counts_as_greedy(temperature):
 def test_the_page_moves_an_untouched_default_shape_to_the_devices_sampled_default(monkeypatch):
     """The listener on the page's temperature, found among the Blocks' events and called as Gradio
     calls it (raw values), on a device whose sampled default differs from its greedy one."""
-    monkeypatch.setitem(config.SAMPLED_DEFAULT_DRAFTS, "cpu", (2, TreeShape(2, 4)))
+    set_eagle_defaults(monkeypatch, "cpu", sampled=(2, TreeShape(2, 4)))
     demo = build_demo(tiny_session(predictable=True))
     fns = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "follow_temperature"]
     assert len(fns) == 1 and [c.elem_id for c in fns[0].inputs][0] == "sl-temperature"
     assert [c.elem_id for c in fns[0].outputs] == ["sl-k", "sl-shape", "sl-tree-topk", "sl-draft-tokens"]
     k, tree = default_draft("cpu", 0.0)
-    assert fns[0].fn(0.7, k, "tree", tree.topk, tree.num_draft_tokens) == [2, "tree", 2, 4]
-    assert fns[0].fn(0.0, 2, "tree", 2, 4) == [k, "tree", tree.topk, tree.num_draft_tokens]
+    assert fns[0].fn(0.7, k, "tree", tree.topk, tree.num_draft_tokens, "eagle3") == [2, "tree", 2, 4]
+    assert fns[0].fn(0.0, 2, "tree", 2, 4, "eagle3") == [k, "tree", tree.topk, tree.num_draft_tokens]

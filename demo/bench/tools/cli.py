@@ -24,7 +24,8 @@ from demo.bench.faults import FAULTS
 from demo.bench.measure import run
 from demo.bench.report import format_report
 from demo.kernels.runtime import DEFAULT_KERNELS, KERNELS
-from demo.methods import COMPILE_SCOPES, DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING, METHODS, MODES
+from demo.methods import COMPILE_SCOPES, DEFAULT_METHOD, METHODS, MODES
+from demo.config import DEFAULT_DRAFT_SAMPLING, DRAFT_SAMPLING
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--hot-tokens", choices=HOT_TOKENS, default="auto",
                    help="a shared-head EAGLE-3's hot_tokens.json: 'auto' drafts over those tokens only on a "
                         "CPU, 'on' always, 'off' never (the full vocabulary)")
-    m.add_argument("--method", choices=METHODS, default="eagle3",
+    m.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help="drafter family; 'none' decodes with the target alone")
     m.add_argument("--num-spec-tokens", "-k", "--tree-depth", type=int, default=3,
                    help="draft tokens per step (k), or a tree's depth")
@@ -50,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
                         "--speculative-num-draft-tokens); 0: every drafted node")
     m.add_argument("--lookup", type=int, default=0,
                    help="verify a prompt-lookup branch of this many tokens beside a tree's nodes: what followed "
-                        "the text's last 1 to 4 tokens where they last appeared (demo/tree_lookup.py); trees of "
+                        "the text's last 1 to 4 tokens where they last appeared (demo/proposers/ngram.py); trees of "
                         "the drafter's top choices only (T = 0, or --draft-sampling pointmass)")
     m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default=DEFAULT_DRAFT_SAMPLING,
                    help="T > 0: 'pointmass' drafts the drafter's top choices, accepted with p (siblings in turn); "

@@ -25,6 +25,8 @@ from collections import Counter
 
 import httpx
 
+from demo.methods import DEFAULT_METHOD
+
 HOSTILE, VISITOR = {"X-Forwarded-For": "10.66.0.1"}, {"X-Forwarded-For": "10.77.0.1"}
 LONG_PROMPT = "Write a very long story about a lighthouse keeper, chapter by chapter."  # a reply that runs to its limit
 GENERATE = ["prompt", "method", "mode", "num_spec_tokens", "temperature", "top_p", "max_new_tokens", "seed",
@@ -61,7 +63,7 @@ class App:
 
     def generate(self, http, headers: dict, **settings) -> tuple[int, dict | None]:
         """POST /call/generate and read its stream to the end: (status, the last value or None)."""
-        values = {"prompt": "Say hi.", "method": "eagle3", "mode": "eager", "num_spec_tokens": 3, "temperature": 0.0,
+        values = {"prompt": "Say hi.", "method": DEFAULT_METHOD, "mode": "eager", "num_spec_tokens": 3, "temperature": 0.0,
                   "top_p": 1.0, "max_new_tokens": 24, "seed": 0, "tree_topk": 0, "num_draft_tokens": 0,
                   "draft_sampling": "pointmass", "lookup": 0, **settings}
         r = http.post(self.url + "gradio_api/call/generate", content=json.dumps({"data": [values[k] for k in GENERATE]}),
@@ -93,7 +95,7 @@ def attack(app: App, kind: int, until: float, got: Counter) -> None:
                 elif kind == 1:  # /generate at its longest, and the largest benchmark
                     status, _ = app.generate(http, HOSTILE, prompt=LONG_PROMPT, method="none", max_new_tokens=1900)
                     got[f"generate {status}"] += 1
-                    bench = {"sl-bench-methods": ["none", "eagle3"], "sl-bench-num-prompts": 80, "sl-bench-max-new": 512}
+                    bench = {"sl-bench-methods": ["none", DEFAULT_METHOD], "sl-bench-num-prompts": 80, "sl-bench-max-new": 512}
                     got[f"benchmark {app.join(http, 'run_benchmark', f'hostile-b{n}', bench, HOSTILE).status_code}"] += 1
                 elif kind == 3:  # the direct routes: a generation outside the queue, the page's events outside it
                     body = {"data": app.data("generate", {}), "fn_index": app.deps["generate"]["id"]}

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1 for n in own.branch) or own.max_ngram < 1:
         print("error: --branch and --max-ngram must be at least 1", file=sys.stderr)
         return 2
-    from demo.bench.cli import parse
+    from demo.bench.tools.cli import parse
     from demo.bench.measure import build_engine, load_questions
 
     try:

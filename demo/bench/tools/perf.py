@@ -12,7 +12,7 @@ compiled, and everything compiled). Each row: tokens/s, tokens per target forwar
 verify ms per step, and its speed over transformers' best and over SpecLens' best target-only.
 
 ``forward``: the verification forward alone on random weights of a named shape, per kernels
-choice and width (demo/bench/perf_forward.py).
+choice and width (demo/bench/tools/perf_forward.py).
 
 Without either: one step taken apart (``--launches PHASE[,PHASE]``: those phases' every kernel too,
 in launch order, with its time).
@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from demo.bench.timing import capture_alone, launch_summary, launches, replay_ms
-from demo.engine import compile_step
+from demo.bench.tools.timing import capture_alone, launch_summary, launches, replay_ms
+from demo.capture import compile_step
+from demo.methods import DRAFT_METHODS
 
 
 @dataclass
@@ -146,9 +147,12 @@ class PerfRow:
     kind: str = "speclens"  # "transformers", "target" (SpecLens target-only) or "speclens" (with a drafter)
 
 
-def table_plan(device_type: str, methods: tuple[str, ...] = ("eagle3", "eagle")) -> list[tuple[str, list[str]]]:
+TABLE_DRAFTERS = tuple(reversed(DRAFT_METHODS))  # the table's drafter rows, the default method's first
+
+
+def table_plan(device_type: str, methods: tuple[str, ...] = TABLE_DRAFTERS) -> list[tuple[str, list[str]]]:
     """(row name, bench flags) of every SpecLens row a device measures, target-only first."""
-    from demo.config import default_draft, default_tree
+    from demo.methods import default_draft, default_tree
 
     gpu = device_type == "cuda"
     modes = [("eager", [])] + ([("cudagraph", ["--mode", "cudagraph"]),
@@ -226,7 +230,7 @@ def _sync(device) -> None:
 
 def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[dict], flags: list[str]) -> PerfRow:
     """One bench run (demo/bench/measure.py) on an engine over the loaded target; `flags`: the bench's."""
-    from demo.bench.cli import parse_args
+    from demo.bench.tools.cli import parse_args
     from demo.bench.measure import chosen_drafter_dtype, chosen_drafter_int8, measure
     from demo.engine import Engine
 
@@ -241,7 +245,7 @@ def speclens_row(name: str, target, drafters: dict, tokenizer, questions: list[d
 
 def run_table(argv: list[str]) -> str:
     """Load once, measure every row of the device's plan on the same prompts; returns the table."""
-    from demo.bench.cli import parse_args
+    from demo.bench.tools.cli import parse_args
     from demo.bench.measure import load_questions
     from demo.models.checkpoints import load_drafter
     from demo.models.loading import load_target
@@ -288,9 +292,9 @@ def _list_flag(argv: list[str], flag: str, allowed: tuple[str, ...], what: str) 
 
 
 def _drafters_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
-    """``--drafters eagle3[,eagle]``: the table's drafters (default both); the other flags are the bench's."""
-    argv, methods = _list_flag(argv, "--drafters", ("eagle3", "eagle"), "eagle3 and/or eagle")
-    return argv, methods or ("eagle3", "eagle")
+    """``--drafters eagle3[,eagle]``: the table's drafters (default all); the other flags are the bench's."""
+    argv, methods = _list_flag(argv, "--drafters", TABLE_DRAFTERS, " and/or ".join(TABLE_DRAFTERS))
+    return argv, methods or TABLE_DRAFTERS
 
 
 def _launches_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
@@ -303,7 +307,7 @@ def _launches_flag(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from demo.bench.cli import parse_args
+    from demo.bench.tools.cli import parse_args
     from demo.bench.measure import build_engine, load_questions
     from demo.bench.report import shape_label
     from demo.models.prompts import chat_ids
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print(run_table(argv[1:]))
         return 0
     if argv[:1] == ["forward"]:
-        from demo.bench.perf_forward import main as forward_main
+        from demo.bench.tools.perf_forward import main as forward_main
 
         print(forward_main(argv[1:]))
         return 0

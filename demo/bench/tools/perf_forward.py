@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from demo.bench.timing import capture_alone, kernel_count, replay_ms
+from demo.bench.tools.timing import capture_alone, kernel_count, replay_ms
 
 SHAPES = {  # transformers LlamaConfig fields
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -121,7 +121,7 @@ def copy_floor_ms(nbytes: int, repeats: int = 20) -> float:
 
 def measure(config: ForwardConfig, target) -> list[ForwardRow]:
     """Every (kernels, width[, compiled]) row over `target` (random_target of config.shape)."""
-    from demo.engine import compile_step
+    from demo.capture import compile_step
 
     cuda = config.device.startswith("cuda")
     vocab = SHAPES[config.shape]["vocab_size"]

@@ -19,6 +19,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from demo.methods import DEFAULT_METHOD, METHOD_LABELS, METHODS
+
 PROMPTS = ("Explain how a bicycle gear works.", "Write a short poem about the sea.",
            "Give three tips for learning a new language.", "What is the difference between weather and climate?")
 # replies long enough to fill --long-tokens; the first that does is the one counted
@@ -41,12 +43,13 @@ class ServedRow:
 def shapes(device_k: int, device_tree: tuple[int, int]) -> list[tuple[str, dict]]:
     """(name, /generate settings) of every shape measured in each mode."""
     topk, verified = device_tree
+    main, label = DEFAULT_METHOD, METHOD_LABELS[DEFAULT_METHOD]
     return [("target only", dict(method="none")),
-            ("EAGLE-3 chain of 3", dict(method="eagle3", num_spec_tokens=3, tree_topk=0, num_draft_tokens=0)),
-            (f"EAGLE-3 tree {device_k} x {topk}, {verified}",
-             dict(method="eagle3", num_spec_tokens=device_k, tree_topk=topk, num_draft_tokens=verified)),
-            ("EAGLE chain of 3", dict(method="eagle", num_spec_tokens=3, tree_topk=0, num_draft_tokens=0)),
-            ("EAGLE-3 chain of 3, T = 0.8", dict(method="eagle3", num_spec_tokens=3, tree_topk=0, temperature=0.8))]
+            *[(f"{METHOD_LABELS[m]} chain of 3", dict(method=m, num_spec_tokens=3, tree_topk=0, num_draft_tokens=0))
+              for m in METHODS if m != "none"],
+            (f"{label} tree {device_k} x {topk}, {verified}",
+             dict(method=main, num_spec_tokens=device_k, tree_topk=topk, num_draft_tokens=verified)),
+            (f"{label} chain of 3, T = 0.8", dict(method=main, num_spec_tokens=3, tree_topk=0, temperature=0.8))]
 
 
 def call(client, prompt: str, max_new_tokens: int, **settings) -> ServedRow:

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.bench.cli import parse
+from demo.bench.tools.cli import parse
 from demo.bench.config import BenchConfig
 from demo.bench.report import shape_label
 

@@ -1,5 +1,5 @@
 """Timing on the device: a function captured alone, a graph's replay time, the kernels a call
-launches. Shared by demo.bench.perf and demo.bench.perf_forward."""
+launches. Shared by demo.bench.tools.perf and demo.bench.tools.perf_forward."""
 
 from __future__ import annotations
 

@@ -286,6 +286,13 @@ def _position_html(pos: Position, texts: dict[int, str], chain: bool, last_draft
             f'<div class="sl-cands-row">{lists}</div>{out}</div>')
 
 
+def is_chain(record: StepRecord) -> bool:
+    """Whether a step drafted a chain (its drafts in a row, none a lookup branch beside a tree)."""
+    tree = record.tree
+    path = tree is not None and all(p == i for i, p in enumerate(tree.parents))
+    return record.draft_top is not None or path and tree.copied in (0, len(tree.tokens))
+
+
 def _summary(record: StepRecord) -> str:
     if record.step == 0:
         return "the prefill: the target read the prompt and chose the first token itself"
@@ -293,15 +300,29 @@ def _summary(record: StepRecord) -> str:
         return "target only: no drafts, one token per target forward"
     tree = record.tree
     depth = max(tree.depths, default=0)
-    shape = (f"a chain of {len(tree.tokens)} drafts" if record.draft_top is not None or
-             all(p == i for i, p in enumerate(tree.parents)) and not tree.copied else
-             f"a tree of {len(tree.tokens)} drafts, {depth} deep")
-    if tree.copied:
+    if tree.copied == len(tree.tokens):  # the n-gram method: every draft a copy
+        shape = f"a chain of {len(tree.tokens)} tokens copied from the text: what followed its last tokens where " \
+                "they appeared before (no drafter)"
+    elif is_chain(record):
+        shape = f"a chain of {len(tree.tokens)} drafts"
+    else:
+        shape = f"a tree of {len(tree.tokens)} drafts, {depth} deep"
+    if 0 < tree.copied < len(tree.tokens):
         shape += (f" (the last {tree.copied} copied from the text: what followed its last tokens where they "
                   "appeared before)")
     cut = " — the reply ended inside this step" if cut_short(record) else ""
     return (f"drafted {shape}; the target accepted {record.num_accepted} and emitted "
             f"{len(record.token_ids)} token{'s' if len(record.token_ids) != 1 else ''}{cut}")
+
+
+def _copied_html(copied_from: tuple[str, str, str] | None) -> str:
+    """Where the copies came from: the earlier text, its matched suffix marked, then what was copied."""
+    if copied_from is None:
+        return ""
+    before, matched, source = (escape(t) for t in copied_from)
+    return (f'<div class="sl-insp-copy">copied from earlier in the text, where its last tokens appeared before: '
+            f'…{before}<mark title="the suffix the lookup matched">{matched}</mark>'
+            f'<u title="what followed it there: the copy">{source}</u>…</div>')
 
 
 def _nav(step: int, last: int) -> str:
@@ -313,13 +334,16 @@ def _nav(step: int, last: int) -> str:
             '<button class="sl-step-link sl-close" data-step="-1" title="close the inspector">×</button>')
 
 
-def render_inspector(trace: RunTrace | None, step: int | None, texts: dict[int, str]) -> str:
-    """Step `step` of the run (0: the prefill), or the hint when there is none to show."""
+def render_inspector(trace: RunTrace | None, step: int | None, texts: dict[int, str],
+                     copied_from: tuple[str, str, str] | None = None) -> str:
+    """Step `step` of the run (0: the prefill), or the hint when there is none to show. copied_from:
+    where its copied drafts came from (Session.copy_context): the text before, the suffix the lookup
+    matched, the copy's source."""
     if trace is None or step is None or not 0 <= step < len(trace.steps):
         return f'<div class="sl-inspector sl-inspector-empty">{escape(HINT)}</div>'
     record = trace.steps[step]
     rule = acceptance_rule(trace.settings)
-    chain = record.draft_top is not None
+    chain = record.tree is not None and is_chain(record)
     pos = positions(record, rule)
     last_drafted = max(record.tree.depths, default=0) if record.tree else 0
     draft = "".join(token_html(texts.get(t, "?"), "sl-draft-ok" if n in (record.tree.path if record.tree else [])
@@ -331,6 +355,7 @@ def render_inspector(trace: RunTrace | None, step: int | None, texts: dict[int, 
         f'<span class="sl-insp-nav">{_nav(record.step, len(trace.steps) - 1)}</span></div>',
         f'<div class="sl-insp-summary">{escape(_summary(record))}</div>',
         f'<div class="sl-insp-draft">the draft: {draft}</div>' if draft else "",
+        _copied_html(copied_from),
         f'<div class="sl-insp-rule">{escape(RULES[rule])}</div>' if record.tree is not None else "",
         *(_position_html(p, texts, chain, last_drafted) for p in pos),
         '<div class="sl-insp-foot">draft: the drafter proposing this step\'s tokens; verify: the target\'s one '
