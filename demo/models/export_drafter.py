@@ -172,11 +172,10 @@ def _explicit_head(cfg, config: dict, state: dict[str, torch.Tensor], target_hea
     want = (cfg.vocab_size, cfg.hidden_size)
     if tuple(head.shape) != want:
         raise ExportError(f"lm_head.weight: the target's is {list(head.shape)}, this head drafts through {list(want)}")
-    # at the precision the drafter reads it in SpecLens, the target's own: rounded to the drafter's bf16 it
-    # moved the logits by 0.077 from the head it exports (argmax 70 of 71 positions)
-    state["lm_head.weight"] = head.contiguous()
-    return [f"added lm_head.weight, the target's {list(want)} in its {str(head.dtype).removeprefix('torch.')}, and "
-            f"draft_vocab_size {cfg.draft_vocab_size} ({who} would otherwise build a head of its own at random)"]
+    dtype = state["fc.weight"].dtype
+    state["lm_head.weight"] = head.to(dtype).contiguous()
+    return [f"added lm_head.weight, the target's {list(want)}, and draft_vocab_size {cfg.draft_vocab_size} "
+            f"({who} would otherwise build a head of its own at random)"]
 
 
 def default_target_head(spec: str) -> Callable[[], torch.Tensor]:
