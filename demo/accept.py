@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from demo.config import SamplingParams
+from demo.config import Rule, SamplingParams
 from demo.kernels.topk import row_topk
 from demo.sampling import ShownProbs, sampled_rule, verify_greedy
 from demo.step_buffers import StepBuffers
@@ -49,6 +49,8 @@ def accept_chain(b: StepBuffers, proposer, logits: torch.Tensor, features: torch
     b.result.copy_(pack_result(n, tokens, token_probs, chain + 1, drafts, chain, draft_q, draft_p,
                                top_ids, top_values, q_ids, q_values))
 
+SAMPLED_TREE_RULES = {Rule.Q: tree_q_rule, Rule.WOR: tree_wor_rule}  # a tree of drafts drawn from q, by its rule
+
 
 def accept_tree(b: StepBuffers, proposer, cache, logits: torch.Tensor, features: torch.Tensor,
                 params: SamplingParams):
@@ -62,9 +64,8 @@ def accept_tree(b: StepBuffers, proposer, cache, logits: torch.Tensor, features:
     if params.greedy:
         n, path, out = verify_tree_greedy(tokens, tb.parents, tb.depths, logits[0], D)
     elif shape.sampled:
-        rule = tree_wor_rule if shape.without_replacement else tree_q_rule
-        n, path, out = rule(tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D, b.draws.u,
-                            b.draws.noise, max_children=shape.topk)
+        n, path, out = SAMPLED_TREE_RULES[shape.rule](tokens, tb.parents, tb.depths, shown.probs, tb.q, tb.q_row, D,
+                                                      b.draws.u, b.draws.noise, max_children=shape.topk)
     else:
         n, path, out = tree_pointmass_rule(tokens, tb.parents, tb.depths, shown.probs, D, b.draws.u, b.draws.noise)
     rows = torch.cat((path.new_zeros(1), path))  # [D+1] the root, then the path's nodes

@@ -6,7 +6,7 @@ UI read a request's shape and limits without loading the engine):
 - ``DraftShape``: what one decoding step drafts, derived from k and the tree: a chain, a tree, or
   nothing (target only), and how many rows the target verifies;
 - ``GenerationConfig``: the engine's settings for one generation;
-- the draft-sampling rules at T > 0.
+- ``Rule``: the draft-sampling rule at T > 0.
 
 The draft shape each method offers first on each device is the registry's (demo/methods.py).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from enum import Enum
 
 
 TREE_SCRATCH = 512  # drafter cache slots reserved past the context for a tree's frontier rows ((depth - 1) * topk)
@@ -23,20 +24,46 @@ MAX_LOOKUP = 64  # a tree's prompt-lookup branch: at most this many tokens past 
 LOOKUP_NGRAM = 4  # the longest suffix a lookup branch looks up (vLLM's n-gram example sets prompt_lookup_max to 4)
 MAX_DRAFT_TOKENS = 256  # verified per step, the root included
 
-# How drafts are drawn at T > 0 (at T = 0 they are always the proposer's top choices):
-# "pointmass": the proposer's top choices, each accepted with the target's probability p(x), siblings
-#   of a tree tried in turn against what is left of p (EAGLE's rule); "q": drawn from the drafter's
-#   distribution q, accepted with min(1, p/q) (speculative sampling; SpecInfer's rule on trees); "wor": a
-#   node's children drawn from q without replacement (distinct tokens), each accepted with min(1, p/q)
-#   against what the earlier rejections left of both p and q (recursive rejection sampling, Jeon et al.
-#   2024). All three keep the target's distribution (demo/tree_verify.py); for a point-mass q (a copy)
-#   they are one rule.
-DRAFT_SAMPLING = ("pointmass", "q", "wor")
-SAMPLED_DRAFTS = ("q", "wor")  # the rules whose drafts are draws from q rather than its top choices
+class Rule(str, Enum):
+    """How drafts are drawn and tested at T > 0 (at T = 0 every rule is the greedy test of the proposer's
+    top choices). A str, so a request's `draft_sampling` is its value:
+    "pointmass": the proposer's top choices, each accepted with the target's probability p(x), siblings
+      of a tree tried in turn against what is left of p (EAGLE's rule);
+    "q": drawn from the drafter's distribution q, accepted with min(1, p/q) (speculative sampling;
+      SpecInfer's rule on trees);
+    "wor": a node's children drawn from q without replacement (distinct tokens), each accepted with
+      min(1, p/q) against what the earlier rejections left of both p and q (recursive rejection
+      sampling, Jeon et al. 2024).
+    All three keep the target's distribution (demo/tree_verify.py); for a point-mass q (a copy) they are
+    one rule."""
+
+    POINTMASS = "pointmass"
+    Q = "q"
+    WOR = "wor"
+
+    @property
+    def samples(self) -> bool:
+        """Drafts are draws from q rather than its top choices."""
+        return self is not Rule.POINTMASS
+
+    @property
+    def without_replacement(self) -> bool:
+        """A node's sampled children are distinct draws."""
+        return self is Rule.WOR
+
+    @classmethod
+    def drawn(cls, draft_sampling: str, temperature: float, samples_drafts: bool = True) -> "Rule":
+        """The rule a step runs: the request's at T > 0 for a proposer whose drafts have a q
+        (`samples_drafts`), the point-mass rule otherwise (at T = 0 the rules coincide)."""
+        return cls(draft_sampling) if temperature > 0 and samples_drafts else cls.POINTMASS
+
+
+DRAFT_SAMPLING = tuple(r.value for r in Rule)
+SAMPLED_DRAFTS = tuple(r.value for r in Rule if r.samples)  # the rules whose drafts are draws from q
 # The rule the page, /generate and the bench use unless told: wor accepted the most and was the
 # fastest at T = 1 at each device's default shape (a chain of 3 on a CPU, a tree 7 x 8, 64 on a GPU:
 # docs/RESULTS.md, "At T = 1"), though its step costs more than a point-mass chain's.
-DEFAULT_DRAFT_SAMPLING = "wor"
+DEFAULT_DRAFT_SAMPLING = Rule.WOR.value
 
 
 @dataclass(frozen=True)
@@ -58,15 +85,15 @@ class TreeShape:
     none."""
 
     topk: int = 4
-    num_draft_tokens: int = 0
+    size: int = 0  # tokens verified per step, the root included: the API's num_draft_tokens
     lookup: int = 0
 
 
 @dataclass(frozen=True)
 class DraftShape:
     """What one decoding step drafts: depth D (k), children per node K, draft nodes verified N
-    (root excluded), drafts sampled from q or the drafter's top choices (a node's sampled children
-    drawn with or without replacement), and tree machinery or the plain chain (a chain is the tree
+    (root excluded), the rule its drafts are drawn and tested by (``Rule``: sampled from q, with or
+    without replacement, or the drafter's top choices), and tree machinery or the plain chain (a chain is the tree
     K = 1, N = D). Target-only (D = 0) may verify `pad` padding rows after its one token: run at a
     speculative shape's width, it computes every token as that shape's verification does
     (``target_only_width``). A tree of the drafter's top choices may verify a prompt-lookup branch of
@@ -75,36 +102,40 @@ class DraftShape:
     depth: int
     topk: int = 1
     nodes: int = 0
-    sampled: bool = False
+    rule: Rule = Rule.POINTMASS
     tree: bool = False
     pad: int = 0
-    without_replacement: bool = False  # sampled drafts: a node's children are distinct draws ("wor")
     lookup: int = 0  # a tree's prompt-lookup branch: nodes verified past the drafter's N, reaching depth D + lookup
 
     @classmethod
-    def of(cls, k: int, tree: TreeShape | None, sampled: bool, width: int = 1,
-           without_replacement: bool = False) -> "DraftShape":
+    def of(cls, k: int, tree: TreeShape | None, rule: Rule = Rule.POINTMASS, width: int = 1) -> "DraftShape":
         """The shape of a request: a chain of k, or a tree of depth k (sampled drafts need the tree
-        machinery); k = 0: target-only, its forwards `width` rows wide. A tree verifies its
-        num_draft_tokens - 1 best nodes (0: every candidate), sampled or not (demo/tree.py says how
-        sampled trees are pruned and stay exact)."""
+        machinery); k = 0: target-only, its forwards `width` rows wide. A tree verifies its size - 1
+        best nodes (0: every candidate), sampled or not (demo/tree.py says how sampled trees are
+        pruned and stay exact)."""
         if k == 0:
             return cls(0, pad=width - 1)
-        if tree is None and not sampled:
+        if tree is None and not rule.samples:
             return cls(k, 1, k)
         topk = tree.topk if tree is not None else 1
         full = topk + (k - 1) * topk * topk
-        nodes = full if tree is None or not tree.num_draft_tokens else tree.num_draft_tokens - 1
-        lookup = tree.lookup if tree is not None and not sampled else 0  # drafts drawn from q copy nothing
-        return cls(k, topk, nodes, sampled, True, without_replacement=sampled and without_replacement, lookup=lookup)
+        nodes = full if tree is None or not tree.size else tree.size - 1
+        lookup = tree.lookup if tree is not None and not rule.samples else 0  # drafts drawn from q copy nothing
+        return cls(k, topk, nodes, rule, True, lookup=lookup)
 
     @classmethod
     def drawn(cls, k: int, tree: TreeShape | None, draft_sampling: str, temperature: float,
-              width: int = 1) -> "DraftShape":
-        """The shape of a request by its rule (DRAFT_SAMPLING): drafts are draws from q only at T > 0
-        and for the rules that sample (SAMPLED_DRAFTS)."""
-        sampled = draft_sampling in SAMPLED_DRAFTS and temperature > 0
-        return cls.of(k, tree, sampled, width, without_replacement=draft_sampling == "wor")
+              width: int = 1, samples_drafts: bool = True) -> "DraftShape":
+        """The shape of a request by its rule's name (``Rule.drawn``)."""
+        return cls.of(k, tree, Rule.drawn(draft_sampling, temperature, samples_drafts), width)
+
+    @property
+    def sampled(self) -> bool:
+        return self.rule.samples
+
+    @property
+    def without_replacement(self) -> bool:
+        return self.rule.without_replacement
 
     @property
     def chain(self) -> bool:
@@ -165,7 +196,7 @@ class GenerationConfig:
     max_new_tokens: int = 256
     num_spec_tokens: int = 3  # k: drafts per step, or a tree's depth; 0: target-only through the same engine
     tree: TreeShape | None = None  # None: a chain of k drafts
-    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0, see demo.methods.DRAFT_SAMPLING
+    draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0, a Rule's value
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
@@ -182,8 +213,8 @@ class GenerationConfig:
     def draft_shape(self, k: int, samples_drafts: bool = True) -> DraftShape:
         """What a step drafts with k drafts per step (k = 0: none). A proposer whose drafts are point
         masses (`samples_drafts` False: a copy) drafts them under any rule, for which the rules coincide."""
-        rule = self.draft_sampling if samples_drafts else "pointmass"
-        return DraftShape.drawn(k, self.tree, rule, self.temperature, width=self.target_only_width)
+        return DraftShape.drawn(k, self.tree, self.draft_sampling, self.temperature, self.target_only_width,
+                                samples_drafts)
 
 
 class Deadline:

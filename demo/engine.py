@@ -166,7 +166,7 @@ class Engine:
             return self._prepare(shape, used, sampled)
 
     def _prepare(self, shape: DraftShape | int, used: int | None, sampled: bool) -> StepBuffers:
-        shape = DraftShape.of(shape, None, False) if isinstance(shape, int) else shape
+        shape = DraftShape.of(shape, None) if isinstance(shape, int) else shape
         b = self._buffers.get(shape) or self._allocate(shape)
         if self.mode == "cudagraph":
             reach = self.max_context if used is None else self.attended(used)
@@ -356,7 +356,7 @@ class Engine:
         if not params.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(gen.seed)
-        stats = AcceptanceStats(num_spec_tokens=reach)
+        stats = AcceptanceStats(reach=reach)
         copied = shape.verified if getattr(self.proposer, "copies", False) else shape.lookup  # drafts copied from the text
         timer = StepTimer(self.device)
         clock = began = time.perf_counter()

@@ -90,7 +90,7 @@ MAX_SPEC_TOKENS = 32
 APP_MAX_SPEC_TOKENS = 10
 
 
-def num_drafts(method: str, num_spec_tokens: int) -> int:
+def draft_depth(method: str, num_spec_tokens: int) -> int:
     """k of a request: its num_spec_tokens with a proposer, 0 for the target alone (a method not in
     the registry is refused by the request's checks)."""
     spec = REGISTRY.get(method)

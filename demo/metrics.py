@@ -56,7 +56,7 @@ DEFINITIONS = {
 class AcceptanceStats:
     """Running totals of one generation (or one benchmark), with vLLM's definitions."""
 
-    num_spec_tokens: int
+    reach: int  # the most drafts one step can accept: k, or k + a lookup branch's length
     num_drafts: int = 0  # decoding steps that carried drafts
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -76,12 +76,12 @@ class AcceptanceStats:
 
     def __post_init__(self):
         if not self.accepted_per_position:
-            self.accepted_per_position = [0] * self.num_spec_tokens
+            self.accepted_per_position = [0] * self.reach
 
     def observe_draft(self, num_draft: int, num_accepted: int) -> None:
         """Count one verified draft of num_draft tokens of which the first num_accepted passed and were
         emitted (a draft past the end of the reply is not counted)."""
-        assert 0 <= num_accepted <= num_draft <= self.num_spec_tokens
+        assert 0 <= num_accepted <= num_draft <= self.reach
         self.num_drafts += 1
         self.num_draft_tokens += num_draft
         self.num_accepted_tokens += num_accepted
@@ -112,7 +112,7 @@ class AcceptanceStats:
 
     def merge(self, other: "AcceptanceStats") -> None:
         """Add another run's totals (same k) to these, for benchmark totals over prompts."""
-        assert other.num_spec_tokens == self.num_spec_tokens
+        assert other.reach == self.reach
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
@@ -175,6 +175,15 @@ class AcceptanceStats:
     def mean_verify_ms(self) -> float:
         return self.verify_ms_total / self.num_steps if self.num_steps else 0.0
 
+    @classmethod
+    def from_counts(cls, counts: dict) -> "AcceptanceStats":
+        """The totals of a report's "counts" (``dataclasses.asdict``), reports written before the
+        reach had its own name (when it was called num_spec_tokens) included."""
+        counts = dict(counts)
+        if "num_spec_tokens" in counts:
+            counts["reach"] = counts.pop("num_spec_tokens")
+        return cls(**counts)
+
     def snapshot(self) -> "AcceptanceStats":
         """An independent copy, safe to hand to a consumer while counting goes on."""
         return copy.deepcopy(self)
@@ -182,7 +191,7 @@ class AcceptanceStats:
     def summary(self) -> dict:
         """Plain numbers for JSON, the stats panel and the API."""
         return {
-            "num_spec_tokens": self.num_spec_tokens,
+            "reach": self.reach,
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_per_position": self.acceptance_per_position,
             "draft_acceptance_rate": self.draft_acceptance_rate,

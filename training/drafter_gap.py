@@ -98,7 +98,7 @@ def main() -> None:
     prompts, _ = holdout_prompt_ids(None, 50, 1024, 0, args.holdout)  # the validation subsample's first ones
     engine = Engine(target, drafter, max_context=2048)
     in_vocab = drafter.t2d.cpu() if drafter.d2t is not None else torch.ones(target.config.vocab_size, dtype=torch.bool)
-    stats, generated, first_rejected, first_oov = AcceptanceStats(num_spec_tokens=args.k), [], 0, 0
+    stats, generated, first_rejected, first_oov = AcceptanceStats(reach=args.k), [], 0, 0
     for ids in prompts[: args.num]:
         events = list(engine.generate(ids, GenerationConfig(max_new_tokens=args.max_new_tokens, num_spec_tokens=args.k)))
         stats.merge(events[-1].stats)

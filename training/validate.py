@@ -109,7 +109,7 @@ def run(engine, prompts: list[list[int]], k: int, temperature: float, max_new_to
     from demo.config import GenerationConfig
     from demo.metrics import AcceptanceStats
 
-    total = AcceptanceStats(num_spec_tokens=k)
+    total = AcceptanceStats(reach=k)
     for i, ids in zip(places or range(len(prompts)), prompts):
         gen = GenerationConfig(max_new_tokens=max_new_tokens, num_spec_tokens=k, temperature=temperature,
                                seed=seed + i)
@@ -170,7 +170,7 @@ def _row_stats(row: dict):
     """The AcceptanceStats totals a report row was made from."""
     from demo.metrics import AcceptanceStats
 
-    return AcceptanceStats(num_spec_tokens=row["k"], **{c: row.get(c, 0) for c in COUNTS},
+    return AcceptanceStats(reach=row["k"], **{c: row.get(c, 0) for c in COUNTS},
                            accepted_per_position=list(row["accepted_per_position"]),
                            draft_ms_total=row["mean_draft_ms"] * row["num_steps"],
                            verify_ms_total=row["mean_verify_ms"] * row["num_steps"],

@@ -21,7 +21,7 @@ from demo.methods import (
     MODE_LABELS,
     MODES,
     REGISTRY,
-    num_drafts,
+    draft_depth,
 )
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "questions.jsonl"
@@ -79,7 +79,7 @@ class BenchConfig:
     @property
     def k(self) -> int:
         """Drafts per step: num_spec_tokens with a drafter, 0 for the target alone."""
-        return num_drafts(self.method, self.num_spec_tokens)
+        return draft_depth(self.method, self.num_spec_tokens)
 
     @property
     def tree(self) -> TreeShape | None:

@@ -195,11 +195,11 @@ def measuring(engine, tokenizer, questions: list[dict], config: BenchConfig,
     warmup_s = warm_up(engine, tokenizer, questions, config, deadline)
     k = config.k
     reach = config.shape.reach  # the most drafts a step accepts (a lookup branch's included; 0: target only)
-    totals = AcceptanceStats(num_spec_tokens=reach)
-    baseline = AcceptanceStats(num_spec_tokens=0)  # target-only decodes of --check-lossless
+    totals = AcceptanceStats(reach=reach)
+    baseline = AcceptanceStats(reach=0)  # target-only decodes of --check-lossless
     records = []
     twin = eager_twin(engine) if config.check_parity else None  # --check-parity's eager decodes
-    eager = {"records": [], "totals": {"counts": AcceptanceStats(num_spec_tokens=reach)}}
+    eager = {"records": [], "totals": {"counts": AcceptanceStats(reach=reach)}}
     for done, q in enumerate(questions, 1):
         messages = []
         for turn, text in enumerate(q["turns"] if config.all_turns else q["turns"][:1], 1):

@@ -90,7 +90,7 @@ class BenchPlan:
         if "tree" not in self.shapes:
             return chains
         depth, tree = default_tree_draft(self.device_type)
-        return chains + [dict(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.num_draft_tokens,
+        return chains + [dict(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.size,
                               lookup=tree.lookup)]
 
     def configs(self) -> list[BenchConfig]:

@@ -52,7 +52,7 @@ def format_report(report: dict) -> str:
     from demo.metrics import AcceptanceStats
 
     t, c = report["totals"], report["totals"]["config"]
-    stats = AcceptanceStats(**t["counts"])
+    stats = AcceptanceStats.from_counts(t["counts"])
     drafter = f", drafter {c['drafter']}" if c["drafter"] else ""
     if c.get("draft_vocab"):
         drafter += f" (drafting over {c['draft_vocab']:,} tokens)"

@@ -109,7 +109,7 @@ class StepPoint:
     """What the charts need from one decoding step (step 0, the prefill, is not a point)."""
 
     step: int
-    num_drafts: int  # k of this step, a tree's depth (0: target-only): the most it can accept
+    reach: int  # the most this step could accept: k, a tree's depth (+ its lookup branch); 0: target-only
     num_accepted: int  # accepted drafts the reply kept (none past its end)
     num_emitted: int
     draft_ms: float

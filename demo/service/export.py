@@ -42,7 +42,7 @@ def trace_record(trace: RunTrace, reply: Turn, *, messages: list[dict], token_te
               "verify_ms": trace.stats.prefill_ms}]
     trees = iter(trace.trees)
     for point in trace.points:
-        tree = next(trees) if point.num_drafts else None  # trees[i] is the i-th step that drafted
+        tree = next(trees) if point.reach else None  # trees[i] is the i-th step that drafted
         step = {"step": point.step, "drafts": None, "accepted": point.num_accepted,
                 "emitted": pieces.get(point.step, []), "draft_ms": point.draft_ms, "verify_ms": point.verify_ms,
                 "elapsed_s": point.elapsed_s, "tokens_per_s": point.tokens_per_s}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
-from demo.methods import APP_MAX_SPEC_TOKENS, DEFAULT_METHOD, REGISTRY, num_drafts
+from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, GenerationConfig, Rule, TreeShape
+from demo.methods import APP_MAX_SPEC_TOKENS, DEFAULT_METHOD, REGISTRY, draft_depth
 
 # Allowed ranges of the generation settings (inclusive), checked before any engine call.
 LIMITS = {
@@ -23,7 +23,8 @@ LIMITS = {
     "max_new_tokens": (1, 2048),
     "seed": (0, 2**31 - 1),
 }
-TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "num_draft_tokens": (0, MAX_DRAFT_TOKENS),  # 0 tokens: every node
+TREE_PARAMS = {"topk": "tree_topk", "size": "num_draft_tokens", "lookup": "lookup"}  # /generate's names of them
+TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "size": (0, MAX_DRAFT_TOKENS),  # size 0: every node
                "lookup": (0, MAX_LOOKUP)}
 # A prompt (with the conversation before it) longer than max_context * this many characters cannot
 # fit the context and is refused before it is tokenized: English runs about 4 characters per token,
@@ -58,7 +59,7 @@ class Request:
 
     @property
     def k(self) -> int:
-        return num_drafts(self.method, self.gen.num_spec_tokens)
+        return draft_depth(self.method, self.gen.num_spec_tokens)
 
     @property
     def shape(self) -> DraftShape:
@@ -69,7 +70,7 @@ class Request:
         """What the engine runs: k = 0 for the target alone; a method whose drafts are point masses
         (a copy) under the pointmass rule, with which the others coincide on them."""
         method = REGISTRY.get(self.method)
-        rule = self.gen.draft_sampling if method is None or method.samples_drafts else "pointmass"
+        rule = self.gen.draft_sampling if method is None or method.samples_drafts else Rule.POINTMASS.value
         return replace(self.gen, num_spec_tokens=self.k, draft_sampling=rule)
 
     def settings(self) -> dict:
@@ -95,7 +96,7 @@ def check_values(request: Request) -> None:
     if method is not None and not method.trees:
         raise RequestError(f"{method.label} drafts chains, not trees: choose the chain shape (tree_topk 0).")
     for name, (lo, hi) in TREE_LIMITS.items():
-        check_number(f"tree {name}", getattr(tree, name), lo, hi)
+        check_number(TREE_PARAMS[name], getattr(tree, name), lo, hi)
     try:
         request.shape.check()
     except ValueError as e:

@@ -16,7 +16,7 @@ from typing import Generator, Iterator
 
 from demo.config import DRAFT_SAMPLING, Deadline, DraftShape, GenerationConfig, TreeShape
 
-from demo.methods import DEFAULT_METHOD, METHODS, METHOD_LABELS, MODES, MODE_LABELS, REGISTRY, default_draft, num_drafts
+from demo.methods import DEFAULT_METHOD, METHODS, METHOD_LABELS, MODES, MODE_LABELS, REGISTRY, default_draft, draft_depth
 from demo.engine import Engine, target_only_width
 from demo.step_result import StepEvent
 from demo.metrics import AcceptanceStats
@@ -166,7 +166,7 @@ class Session:
             drafts[1.0] = self.default_draft(1.0, method)
         for mode in modes:
             for temperature, (k, tree) in drafts.items():
-                gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=num_drafts(method, k), tree=tree,
+                gen = GenerationConfig(max_new_tokens=3, num_spec_tokens=draft_depth(method, k), tree=tree,
                                        temperature=temperature)
                 for _ in self.engine(method, mode).generate(ids, gen):
                     pass
@@ -325,7 +325,7 @@ class Session:
         trace.stats = event.stats
         trace.finish_reason = event.finish_reason
         if event.step > 0:
-            depth = event.stats.num_spec_tokens if event.draft_ids else 0  # the most a step can accept
+            depth = event.stats.reach if event.draft_ids else 0  # the most a step can accept
             kept = min(event.num_accepted, len(event.token_ids))  # no draft past the end of the reply
             trace.points.append(StepPoint(event.step, depth, kept, len(event.token_ids),
                                           event.draft_ms, event.verify_ms, event.stats.elapsed_s,
@@ -428,11 +428,11 @@ def reference_width(gen: GenerationConfig, engine: Engine) -> int:
 
 def panel_stats(session: Session, trace: RunTrace | None) -> dict:
     """The stats panel's numbers (also the API's `stats`): AcceptanceStats.summary() plus the run's
-    method, mode, device and dtype, and how many of the vocabulary's tokens its drafter drafts over."""
+    k (num_spec_tokens), method, mode, device and dtype, and how many of the vocabulary's tokens its drafter drafts over."""
     info = session.describe()
     if trace is None:
         return {"device": info["device"], "dtype": info["dtype"]}
-    return {**trace.stats.summary(), "method": trace.method, "mode": trace.mode,
+    return {**trace.stats.summary(), "num_spec_tokens": trace.num_spec_tokens, "method": trace.method, "mode": trace.mode,
             "method_label": METHOD_LABELS[trace.method], "mode_label": MODE_LABELS[trace.mode],
             "device": info["device"], "dtype": info["dtype"], "draft_vocab": info["draft_vocab"].get(trace.method),
             "vocab_size": info["vocab_size"]}

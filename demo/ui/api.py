@@ -12,7 +12,7 @@ from demo.service import zerogpu
 from demo.service.engine_thread import on_engine_thread
 from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
-from demo.service.request import DEFAULT_REQUEST, TREE_LIMITS, Request, RequestError, check_number
+from demo.service.request import DEFAULT_REQUEST, TREE_LIMITS, TREE_PARAMS, Request, RequestError, check_number
 from demo.service.session import Session, panel_stats
 from demo.ui.events import ENGINE
 from demo.ui.html.render import render_chat
@@ -53,7 +53,7 @@ def register(cache: ModelCache, hosting: Hosting) -> None:
     gr.api(zerogpu.on_gpu(generate), api_name="generate", concurrency_id=ENGINE)
 
 
-TREE_FIELDS = {"tree_topk": "topk", "num_draft_tokens": "num_draft_tokens", "lookup": "lookup"}  # TREE_LIMITS' names
+TREE_FIELDS = {param: field for field, param in TREE_PARAMS.items()}  # /generate's name -> TreeShape's
 
 
 def draft_of(default: tuple[int, TreeShape | None], num_spec_tokens: int | None, tree_topk: int | None,
@@ -71,7 +71,7 @@ def draft_of(default: tuple[int, TreeShape | None], num_spec_tokens: int | None,
                            "them 0 (or out) for a chain.")
     k, tree = default
     topk = (tree.topk if tree else 0) if tree_topk is None else tree_topk
-    nodes = (tree.num_draft_tokens if tree else 0) if num_draft_tokens is None else num_draft_tokens
+    nodes = (tree.size if tree else 0) if num_draft_tokens is None else num_draft_tokens
     branch = (tree.lookup if tree else 0) if lookup is None else lookup
     return (k if num_spec_tokens is None else num_spec_tokens), (TreeShape(topk, nodes, branch) if topk else None)
 

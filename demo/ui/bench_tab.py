@@ -132,7 +132,7 @@ def mode_options(session: Session) -> dict:
 def shape_options(session: Session) -> dict:
     """Chain and this device's default tree, named by its shape (BenchConfig.drafts_label)."""
     depth, tree = default_tree_draft(session.device.type)
-    name = BenchConfig(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.num_draft_tokens,
+    name = BenchConfig(num_spec_tokens=depth, tree_topk=tree.topk, num_draft_tokens=tree.size,
                        lookup=tree.lookup).drafts_label
     return dict(choices=[("chain, at each k", "chain"), (f"{name} (the Chat tab's default here)", "tree")],
                 value=list(DEFAULT_PLAN.shapes))

@@ -83,8 +83,8 @@ def acceptance_figure(stats: AcceptanceStats) -> go.Figure:
 
 def acceptance_length_figure(points: list[StepPoint]) -> go.Figure:
     """Per-step acceptance length (accepted + 1) over steps, with its running mean."""
-    steps = [p.step for p in points if p.num_drafts]
-    lengths = [p.num_accepted + 1 for p in points if p.num_drafts]
+    steps = [p.step for p in points if p.reach]
+    lengths = [p.num_accepted + 1 for p in points if p.reach]
     running, total = [], 0
     for i, n in enumerate(lengths, 1):
         total += n
@@ -95,7 +95,7 @@ def acceptance_length_figure(points: list[StepPoint]) -> go.Figure:
         go.Scatter(x=steps, y=running, name="running mean", mode="lines", line=dict(color=RUNNING_COLOR, width=2),
                    hovertemplate="mean so far: %{y:.2f}<extra></extra>"),
     ])
-    k = max((p.num_drafts for p in points), default=0)
+    k = max((p.reach for p in points), default=0)
     _layout(fig, "Acceptance length per step", "step", "tokens per target forward")
     fig.update_yaxes(range=[0, k + 1.2] if k else None, dtick=1)
     _step_ticks(fig, steps)

@@ -51,13 +51,13 @@ def tokens_at(trace: RunTrace, step: int) -> int:
 def stats_at(trace: RunTrace, step: int) -> AcceptanceStats:
     """The run's totals as they were after `step` (-1: before its prefill ended, nothing), counted
     again from its points; after its last step they equal trace.stats."""
-    stats = AcceptanceStats(trace.stats.num_spec_tokens)  # the most a step accepts (a lookup branch reaches past k)
+    stats = AcceptanceStats(trace.stats.reach)  # the most a step accepts (a lookup branch reaches past k)
     if step < 0:
         return stats
     stats.observe_prefill(trace.stats.prefill_ms)
     for p in trace.points[:step]:
-        if p.num_drafts:
-            stats.observe_draft(p.num_drafts, p.num_accepted)
+        if p.reach:
+            stats.observe_draft(p.reach, p.num_accepted)
         stats.observe_step(p.num_emitted, p.draft_ms, p.verify_ms, p.num_accepted)
     stats.elapsed_s = trace.stats.elapsed_s if step >= len(trace.points) else step_times(trace)[step]
     return stats

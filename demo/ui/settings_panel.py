@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, TreeShape
+from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, Rule, TreeShape
 
 from demo.methods import DEFAULT_METHOD, METHOD_LABELS, MODE_LABELS, REGISTRY, default_tree
 from demo.service.model_cache import RANDOM_INIT
@@ -19,9 +19,9 @@ from demo.ui.events import PRIVATE
 from demo.ui.html.render import render_legend, status_html
 
 DRAFT_SAMPLING_CHOICES = [  # (label, value): one line each on what a step drafts at T > 0
-    ("pointmass: top choices, accepted with p", "pointmass"),
-    ("q: drawn from q, accepted with min(1, p/q)", "q"),
-    ("wor: drawn from q without replacement, each tried against what the rejections left", "wor"),
+    ("pointmass: top choices, accepted with p", Rule.POINTMASS.value),
+    ("q: drawn from q, accepted with min(1, p/q)", Rule.Q.value),
+    ("wor: drawn from q without replacement, each tried against what the rejections left", Rule.WOR.value),
 ]
 # At phone width (Gradio's sidebar turns full-screen at 768 px) the settings start closed, so the
 # title, the prompt and the text come first; "Settings" opens them.
@@ -62,7 +62,7 @@ def compare_options(method: str) -> dict:
 def verified_range(depth: int, topk: int) -> tuple[int, int]:
     """The tokens a tree of this depth and top-k can verify per step, the root included: a path of
     `depth` nodes at the least, every candidate at the most (capped by MAX_DRAFT_TOKENS)."""
-    shape = DraftShape.of(depth, TreeShape(topk, 0), False)
+    shape = DraftShape.of(depth, TreeShape(topk, 0))
     return min(depth + 1, MAX_DRAFT_TOKENS), min(shape.candidates + 1, MAX_DRAFT_TOKENS)
 
 
@@ -93,7 +93,7 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
     with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
         tree_topk = gr.Slider(1, MAX_TREE_TOPK, value=tree.topk, step=1, label="Tree top-k", elem_id="sl-tree-topk",
                               info="children expanded per node (1: a chain)")
-        num_draft_tokens = gr.Slider(lo_nodes, hi_nodes, value=min(max(tree.num_draft_tokens or hi_nodes, lo_nodes),
+        num_draft_tokens = gr.Slider(lo_nodes, hi_nodes, value=min(max(tree.size or hi_nodes, lo_nodes),
                                                                    hi_nodes), step=1,
                                      label="Tokens verified per step", elem_id="sl-draft-tokens",
                                      info="the root included; the most: every drafted node")
@@ -121,7 +121,7 @@ def shown_draft(draft: tuple[int, TreeShape | None], topk, nodes) -> tuple:
     """A draft (k, tree) as the page's k, shape, top-k and verified-tokens settings show it (a chain
     keeps whatever the hidden tree settings hold)."""
     k, tree = draft
-    return (k, "chain", topk, nodes) if tree is None else (k, "tree", tree.topk, tree.num_draft_tokens)
+    return (k, "chain", topk, nodes) if tree is None else (k, "tree", tree.topk, tree.size)
 
 
 def draft_for_method(device_type: str, temperature, method: str, k, shape, topk, nodes) -> tuple | None:

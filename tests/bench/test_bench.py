@@ -164,7 +164,7 @@ def test_lossless_check_holds_when_every_draft_is_accepted(tmp_path, capsys):
 
 def test_report_ends_with_acceptance_table_then_speed():
     # 100 verified drafts of k=3: 74 had >= 1 accepted, 54 had >= 2, 41 had all 3 -> AL = 1 + 169/100
-    stats = AcceptanceStats(num_spec_tokens=3, num_drafts=100, num_draft_tokens=300, num_accepted_tokens=169,
+    stats = AcceptanceStats(reach=3, num_drafts=100, num_draft_tokens=300, num_accepted_tokens=169,
                             accepted_per_position=[74, 54, 41], num_steps=100, num_generated=270,
                             draft_ms_total=150.0, verify_ms_total=820.0, prefill_ms=40.0, elapsed_s=1.35,
                             steps_after_full=40, first_accepted_after_full=36, steps_after_rejection=58,
@@ -204,7 +204,7 @@ def test_divergence_report_names_the_first_differing_prompt_and_position():
     records = [{"question_id": 81, "turn": 1, "lossless": {"identical": True, "first_difference": None}},
                {"question_id": 82, "turn": 2, "lossless": {"identical": False, "first_difference": 17}},
                {"question_id": 83, "turn": 1, "lossless": {"identical": False, "first_difference": 3}}]
-    stats = AcceptanceStats(num_spec_tokens=0)
+    stats = AcceptanceStats(reach=0)
     config = dict(target="default", target_name="t", drafter=None, method="none", k=0, mode="eager", compile=False,
                   device="cpu", dtype="float32", gpu=None, max_new_tokens=8, temperature=0.0, warmup=0)
     report = {"records": records, "totals": {"config": config, "num_prompts": 3, "counts": stats.__dict__,

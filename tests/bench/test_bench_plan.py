@@ -67,7 +67,7 @@ def test_the_tree_shape_measures_the_chat_tabs_default_tree_of_the_device_after_
     assert [(c.method, c.k, c.tree) for c in plan.configs()] == [
         ("none", 0, None), ("eagle3", 1, None), ("eagle3", 3, None), ("eagle3", k, tree)]  # target only: no shape
     branch = f" + lookup {tree.lookup}" if tree.lookup else ""
-    assert plan.configs()[-1].label == f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens}{branch} · eager"
+    assert plan.configs()[-1].label == f"EAGLE-3 tree {k} × {tree.topk}, {tree.size}{branch} · eager"
     alone = BenchPlan(methods=("none", "eagle"), ks=(), shapes=("tree",), device_type=device)
     assert [(c.method, c.k, c.tree) for c in alone.configs()] == [("none", 0, None), ("eagle", k, tree)]
     assert BenchPlan().shapes == ("chain",)  # the default plan measures chains (its comment says why)
@@ -89,8 +89,8 @@ def test_work_counts_every_configurations_verified_tokens_warm_up_included():
 @pytest.mark.parametrize("device", ["cpu", "cuda"], ids=DEVICE_IDS)
 def test_work_counts_a_trees_tokens_verified_per_step(device):
     _, tree = default_tree_draft(device)  # its width: num_draft_tokens rows a step, the root included, and its branch's
-    assert tree.num_draft_tokens > 0
-    width = tree.num_draft_tokens + tree.lookup
+    assert tree.size > 0
+    width = tree.size + tree.lookup
     plan = BenchPlan(methods=("none", "eagle3"), ks=(1, 2), shapes=("chain", "tree"), num_prompts=5,
                      max_new_tokens=64, device_type=device)
     assert plan.work() == (1 + 2 + 3 + width) * (5 * 64 + 16)
@@ -204,7 +204,7 @@ def test_a_tree_run_is_a_row_of_its_own_named_by_its_shape_beside_the_chain_as_d
     reports = list(run_plan(session, plan, pick_prompts(QUESTIONS, 2), "tiny.jsonl"))[-1].reports
     rows = summary_rows(reports)
     assert [(r["k"], r["tree_topk"], r["num_draft_tokens"]) for r in rows] == [
-        (depth, None, None), (depth, tree.topk, tree.num_draft_tokens)]
+        (depth, None, None), (depth, tree.topk, tree.size)]
     # EAGLE drafts "a" first and the target says "a": the chain accepts all its drafts; the tree verifies
     # its best-scored nodes, which with the drafter's logits all 0 (every candidate as likely) are the
     # shallowest, so it accepts fewer a step, but some
@@ -213,7 +213,7 @@ def test_a_tree_run_is_a_row_of_its_own_named_by_its_shape_beside_the_chain_as_d
     assert 1 < tree_row["mean_acceptance_length"] <= depth + 1 and len(tree_row["acceptance_per_position"]) == depth
     assert {(c["k"], c["tree_topk"], c["category"]) for c in category_table(reports)} == {
         (depth, t, cat) for t in (None, tree.topk) for cat in "xy"}
-    assert f"tree depth {depth} x top-{tree.topk}, {tree.num_draft_tokens} tokens verified per step" in \
+    assert f"tree depth {depth} x top-{tree.topk}, {tree.size} tokens verified per step" in \
         report_text(reports)  # the CLI's words for the tree
 
 

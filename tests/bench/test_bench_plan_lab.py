@@ -42,7 +42,7 @@ def test_the_capture_lab_replays_the_chains_of_a_plan_that_measures_the_tree_too
     depth, tree = default_tree_draft("cpu")
     plan = BenchPlan(methods=("eagle3",), ks=(3,), shapes=("chain", "tree"), faults=("none",), device_type="cpu")
     assert [c.label for c in plan.configs()] == [
-        "EAGLE-3 k=3 · eager", f"EAGLE-3 tree {depth} × {tree.topk}, {tree.num_draft_tokens} · eager",
+        "EAGLE-3 k=3 · eager", f"EAGLE-3 tree {depth} × {tree.topk}, {tree.size} · eager",
         "EAGLE-3 k=3 · replayed · no fault"]
 
 

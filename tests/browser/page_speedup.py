@@ -59,7 +59,7 @@ def bench_speedups(prompts_file: Path, max_new_tokens: int) -> list[float]:
     from demo.methods import default_draft
 
     k, tree = default_draft("cpu")
-    draft = ["-k", str(k)] + (["--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.num_draft_tokens)]
+    draft = ["-k", str(k)] + (["--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.size)]
                               if tree else [])
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:

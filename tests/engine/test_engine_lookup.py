@@ -27,7 +27,7 @@ def test_a_lookup_tree_emits_the_targets_greedy_tokens(kind, seed, k, tree):
     engine = Engine(target, tiny_drafter("eagle3", target, draft_vocab_size=128), max_context=160)
     tokens, events = run(engine, PROMPT, max_new_tokens=60, num_spec_tokens=k, tree=tree, stop_token_ids=())
     assert tokens == ref
-    shape = DraftShape.of(k, tree, False)
+    shape = DraftShape.of(k, tree)
     assert all(len(e.draft_ids) == shape.verified and e.tree.copied == tree.lookup for e in events[1:])
 
 
@@ -47,7 +47,7 @@ def test_on_a_repeating_reply_the_branch_is_accepted_past_the_drafters_depth_in_
     copied = [n for e in events[1:] for n in e.tree.path if e.tree.is_copied(n)]
     assert copied
     stats = events[-1].stats
-    assert stats.num_spec_tokens == 2 + 8 and len(stats.accepted_per_position) == 10
+    assert stats.reach == 2 + 8 and len(stats.accepted_per_position) == 10
     assert stats.num_drafts == len(events) - 1 and stats.num_draft_tokens == 10 * stats.num_drafts
 
 

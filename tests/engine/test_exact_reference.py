@@ -50,12 +50,12 @@ def test_a_padded_target_only_step_emits_one_token_from_its_first_row_and_stays_
 
 
 def test_fp32_needs_no_padding_and_only_target_only_is_padded():
-    assert target_only_width(DraftShape.of(7, None, False), torch.float32) == 1
-    assert target_only_width(DraftShape.of(7, None, False), torch.bfloat16) == 8
-    assert target_only_width(DraftShape.of(4, TreeShape(4, 20), False), torch.float16) == 20
+    assert target_only_width(DraftShape.of(7, None), torch.float32) == 1
+    assert target_only_width(DraftShape.of(7, None), torch.bfloat16) == 8
+    assert target_only_width(DraftShape.of(4, TreeShape(4, 20)), torch.float16) == 20
     # a target that computes every row alike at any width (the fused kernels on a GPU) needs none
-    assert target_only_width(DraftShape.of(4, TreeShape(4, 20), False), torch.bfloat16, rows_alike=True) == 1
-    assert DraftShape.of(0, None, False, width=8).width == 8
+    assert target_only_width(DraftShape.of(4, TreeShape(4, 20)), torch.bfloat16, rows_alike=True) == 1
+    assert DraftShape.of(0, None, width=8).width == 8
     with pytest.raises(ValueError, match="only target-only steps are padded"):
         DraftShape(3, 1, 3, pad=2).check()
     with pytest.raises(ValueError, match="at least 1 row wide"):

@@ -6,7 +6,7 @@ from demo.metrics import AcceptanceStats
 
 
 def test_metrics_on_a_hand_built_trace():
-    s = AcceptanceStats(num_spec_tokens=3)
+    s = AcceptanceStats(reach=3)
     s.observe_prefill(5.0)
     for accepted in (3, 0, 1, 2):  # four steps of k=3
         s.observe_draft(3, accepted)
@@ -27,7 +27,7 @@ def test_metrics_on_a_hand_built_trace():
 
 
 def test_a_step_cut_before_its_own_token_counts_no_target_token_and_tokens_per_call_follows_the_text():
-    s = AcceptanceStats(num_spec_tokens=3)
+    s = AcceptanceStats(reach=3)
     s.observe_prefill(5.0)
     s.observe_draft(3, 3)
     s.observe_step(4, 1.0, 2.0, num_accepted=3)
@@ -39,8 +39,8 @@ def test_a_step_cut_before_its_own_token_counts_no_target_token_and_tokens_per_c
         s.observe_step(3, 1.0, 2.0, num_accepted=1)  # a step adds one own token at most
 
 
-def test_table_format_matches_vllm_printout():
-    s = AcceptanceStats(num_spec_tokens=2)
+def test_the_acceptance_table_is_vllms_printout_numbered_by_draft_as_the_page():
+    s = AcceptanceStats(reach=2)
     s.observe_draft(2, 2)
     s.observe_draft(2, 1)
     assert s.format_table() == "\n".join([
@@ -49,7 +49,7 @@ def test_table_format_matches_vllm_printout():
 
 
 def test_merge_adds_totals():
-    a, b = AcceptanceStats(num_spec_tokens=2), AcceptanceStats(num_spec_tokens=2)
+    a, b = AcceptanceStats(reach=2), AcceptanceStats(reach=2)
     a.observe_draft(2, 2)
     b.observe_draft(2, 0)
     a.merge(b)
@@ -57,21 +57,21 @@ def test_merge_adds_totals():
 
 
 def test_no_drafts_means_acceptance_length_one():
-    assert AcceptanceStats(num_spec_tokens=0).mean_acceptance_length == 1.0
+    assert AcceptanceStats(reach=0).mean_acceptance_length == 1.0
 
 
 def test_acceptance_at_token_0_splits_by_how_the_step_before_ended():
-    s = AcceptanceStats(num_spec_tokens=3)
+    s = AcceptanceStats(reach=3)
     for accepted in (3, 2, 0, 1, 3, 3, 0):  # full, reject, reject, reject, full, full, reject
         s.observe_draft(3, accepted)
     # after a full chain: steps 2, 6, 7 (accepted 2, 3, 0); after a rejection: steps 3, 4, 5 (0, 1, 3)
     assert (s.steps_after_full, s.first_accepted_after_full) == (3, 2)
     assert (s.steps_after_rejection, s.first_accepted_after_rejection) == (3, 2)
     assert s.summary()["acceptance_at_0_after_full"] == pytest.approx(2 / 3)
-    other = AcceptanceStats(num_spec_tokens=3)
+    other = AcceptanceStats(reach=3)
     other.observe_draft(3, 1)  # a generation's first step follows no step: in neither split
     other.observe_draft(3, 0)
     s.merge(other)
     assert (s.steps_after_rejection, s.first_accepted_after_rejection) == (4, 2)
     assert s.acceptance_at_0_after_rejection == pytest.approx(2 / 4) and s.steps_after_full == 3
-    assert AcceptanceStats(num_spec_tokens=3).summary()["acceptance_at_0_after_full"] is None
+    assert AcceptanceStats(reach=3).summary()["acceptance_at_0_after_full"] is None

@@ -15,7 +15,7 @@ accepts.
 
 import torch
 
-from demo.config import DraftShape, TreeShape
+from demo.config import DraftShape, Rule, TreeShape
 from demo.tree import best_in_order, draft_tree
 from demo.proposers.ngram import graft_branch
 from demo.tree_verify import tree_pointmass_rule, tree_q_rule, tree_wor_rule
@@ -94,7 +94,7 @@ def from_p_after_rejection(n: torch.Tensor, out: torch.Tensor, noise: torch.Tens
 
 def test_pointmass_trees_emit_the_targets_distribution_and_the_test_rejects_wrong_rules():
     gen = torch.Generator().manual_seed(0)
-    shape = DraftShape.of(DEPTH, TREE, False)
+    shape = DraftShape.of(DEPTH, TREE)
     tokens, parents, depths, *_ = drafted(shape, gen)
     u, noise = draws(gen, shape.nodes)
     rule = torch.vmap(tree_pointmass_rule, in_dims=(None, None, None, None, None, 0, 0))
@@ -117,7 +117,7 @@ def test_a_pointmass_tree_with_a_lookup_branch_emits_the_targets_distribution():
     # a lookup branch is a function of the text before the step, so to the rule it is more deterministic
     # drafts: hung past the tree's first node (the walk follows it), it adds depth-2 to depth-6 nodes
     gen = torch.Generator().manual_seed(1)
-    shape = DraftShape.of(DEPTH, TREE, False)
+    shape = DraftShape.of(DEPTH, TREE)
     tokens, parents, depths, *_ = drafted(shape, gen)
     lookup = 3
     branch = torch.cat((tokens[1:2], torch.tensor([0, 4, 1, 5])))  # [DEPTH + lookup]
@@ -146,7 +146,7 @@ def told(q: torch.Tensor, drawn_from: torch.Tensor, claimed: torch.Tensor) -> to
 
 def test_q_trees_pruned_to_num_draft_tokens_emit_the_targets_distribution_and_the_test_rejects_wrong_rules():
     gen = torch.Generator().manual_seed(1)
-    shape = DraftShape.of(DEPTH, TREE, True)
+    shape = DraftShape.of(DEPTH, TREE, Rule.Q)
     assert shape.nodes < shape.candidates
     tokens, parents, depths, q, q_row, _ = drafted(shape, gen)
     n, _, out, noise = _run(tree_q_rule, tokens, parents, depths, q, q_row, gen)
@@ -174,7 +174,7 @@ def pruned_by_own_draws(tokens, parents, depths, q_row, logq, n: int):
 
 def test_wor_trees_pruned_to_num_draft_tokens_emit_the_targets_distribution_and_the_test_rejects_wrong_rules():
     gen = torch.Generator().manual_seed(2)
-    shape = DraftShape.of(DEPTH, TREE, True, without_replacement=True)
+    shape = DraftShape.of(DEPTH, TREE, Rule.WOR)
     tokens, parents, depths, q, q_row, _ = drafted(shape, gen)
     siblings = (parents[:, :, None] == parents[:, None, :]) & ~torch.eye(shape.nodes + 1, dtype=torch.bool)
     siblings[:, 0] = siblings[:, :, 0] = False  # [B, N+1, N+1]: two drafts of one parent
@@ -186,7 +186,7 @@ def test_wor_trees_pruned_to_num_draft_tokens_emit_the_targets_distribution_and_
     n, _, out, _ = _run(tree_q_rule, tokens, parents, depths, q, q_row, gen)
     assert first_two_p_value(n, out, gen) < ALPHA
     # biased drafts: the full tree pruned by the drafted tokens' own log q, which keeps likelier draws
-    full = DraftShape.of(DEPTH, TreeShape(TREE.topk, 0), True, without_replacement=True)
+    full = DraftShape.of(DEPTH, TreeShape(TREE.topk, 0), Rule.WOR)
     tokens, parents, depths, q, q_row, logq = drafted(full, gen)
     tokens, parents, depths, q_row = torch.vmap(pruned_by_own_draws, in_dims=(0, 0, 0, 0, 0, None))(
         tokens, parents, depths, q_row, logq, shape.nodes)

@@ -6,10 +6,12 @@ target's distribution. Tiny random models on the CPU."""
 import pytest
 import torch
 
-from demo.config import MAX_TREE_TOPK, DraftShape, GenerationConfig, TreeShape
+from demo.accept import SAMPLED_TREE_RULES
+from demo.config import MAX_TREE_TOPK, DraftShape, GenerationConfig, Rule, TreeShape
 from demo.engine import Engine
 from demo.target import Target
 from demo.tree import ancestors, tree_attention_mask, tree_seen_slots
+from demo.tree_verify import tree_q_rule
 from tests.tiny import corrupted_oracle, hf_greedy, run, six_token_target, tiny_drafter, tiny_hf
 
 PROMPT = [1, 17, 99, 4, 250, 31, 8]
@@ -26,7 +28,7 @@ SHAPES = [(1, TreeShape(2, 0)), (3, TreeShape(2, 0)), (4, TreeShape(3, 9)), (5, 
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "oracle"])
-@pytest.mark.parametrize("depth, tree", SHAPES, ids=[f"D{d}-K{t.topk}-N{t.num_draft_tokens}" for d, t in SHAPES])
+@pytest.mark.parametrize("depth, tree", SHAPES, ids=[f"D{d}-K{t.topk}-N{t.size}" for d, t in SHAPES])
 def test_greedy_tree_output_is_the_targets_greedy_output_to_max_length(method, depth, tree):
     hf = tiny_hf("llama")
     ref = hf_greedy(hf, PROMPT, 40)
@@ -85,7 +87,7 @@ def test_a_wider_tree_accepts_the_runner_up_the_chain_rejects():
 
 def _tree_of(engine, depth, tree, prompt=PROMPT):
     """Run the prefill and one tree draft by hand; returns the engine's step buffers."""
-    shape = DraftShape.of(depth, tree, False)
+    shape = DraftShape.of(depth, tree)
     b = engine.prepare(shape)
     with torch.inference_mode():
         engine._prefill(b, prompt, GenerationConfig().sampling, None)
@@ -205,9 +207,9 @@ def test_a_trees_seen_slots_are_its_masks_rows_in_slot_order():
 
 def test_a_tree_shape_that_cannot_be_drafted_is_refused():
     with pytest.raises(ValueError, match="verifies"):
-        DraftShape.of(3, TreeShape(2, 20), False).check()  # 2 + 2*4 = 10 candidates, 19 asked
+        DraftShape.of(3, TreeShape(2, 20)).check()  # 2 + 2*4 = 10 candidates, 19 asked
     with pytest.raises(ValueError, match="top-k"):
-        DraftShape.of(3, TreeShape(MAX_TREE_TOPK + 1, 64), False).check()
+        DraftShape.of(3, TreeShape(MAX_TREE_TOPK + 1, 64)).check()
     # every node of a sampled tree of depth 7 x top-8 is 393 tokens: the refusal names the flag and the most
     with pytest.raises(ValueError, match=r"not 393: .*num_draft_tokens \(--num-draft-tokens\) 256 or less"):
         DraftShape.drawn(7, TreeShape(8, 0), "q", temperature=1.0).check()
@@ -268,8 +270,7 @@ def test_sampled_trees_emit_the_targets_joint_distribution(gen, monkeypatch):
     assert tv(counts) < 0.075  # 2000 draws over 36 cells: a correct sampler sits near 0.045
     # the check has the power to catch a wrong rule: accepting every sampled draft emits q, not p
     if gen.get("draft_sampling") == "q":
-        monkeypatch.setattr("demo.accept.tree_q_rule", lambda tokens, parents, depths, probs, q, *rest, **kw:
-                            __import__("demo.tree_verify").tree_verify.tree_q_rule(
-                                tokens, parents, depths, probs, torch.zeros_like(q), *rest, **kw))
+        monkeypatch.setitem(SAMPLED_TREE_RULES, Rule.Q, lambda tokens, parents, depths, probs, q, *rest, **kw:
+                            tree_q_rule(tokens, parents, depths, probs, torch.zeros_like(q), *rest, **kw))
         wrong, _ = _first_two_tokens(engine, prompt, 2000, **gen)
         assert tv(wrong) > 0.1

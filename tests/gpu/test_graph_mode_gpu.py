@@ -29,7 +29,7 @@ CASES = [(m, k, t) for m in ("none", "eagle", "eagle3", "oracle") for k, t in SH
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("method, k, tree", CASES,
-                         ids=[f"{m}-k{k}" + (f"-tree{t.topk}x{t.num_draft_tokens}" if t else "") for m, k, t in CASES])
+                         ids=[f"{m}-k{k}" + (f"-tree{t.topk}x{t.size}" if t else "") for m, k, t in CASES])
 def test_cudagraph_output_is_token_identical_to_eager(method, k, tree, dtype, monkeypatch):
     monkeypatch.setattr(engine_module, "ATTEND_MIN_BUCKET", 64)  # replies cross from attend bucket 64 to 128
     hf = tiny_hf("llama").to("cuda", dtype)

@@ -22,7 +22,7 @@ def test_bundled_drafters_load_and_accept_drafts(default_target, method):
     drafter = load_drafter(str(bundled_drafter_dir(method)), target)
     assert drafter.cfg.method == method and not drafter.cfg.warnings
     engine = Engine(target, drafter, max_context=512)
-    totals = AcceptanceStats(num_spec_tokens=3)
+    totals = AcceptanceStats(reach=3)
     for text in PROMPTS:
         ids = chat_ids(tok, [{"role": "user", "content": text}])
         events = list(engine.generate(ids, GenerationConfig(max_new_tokens=64, num_spec_tokens=3)))

@@ -54,7 +54,7 @@ def test_a_tree_request_keeps_one_tree_per_step_in_the_trace(session):
         assert root == [p.token_id for p in pieces if p.step < step][-1]  # the last token before the step
         emitted = [p.token_id for p in pieces if p.step == step]
         assert [tree.tokens[n - 1] for n in tree.path] == emitted[:len(tree.path)]  # the accepted path was emitted
-    assert all(p.num_drafts == 3 for p in trace.points)  # a chart point's drafts: the depth, not the 5 nodes
+    assert all(p.reach == 3 for p in trace.points)  # a chart point's reach: the depth, not the 5 nodes
     assert copy.deepcopy(trace) == trace  # plain data, for gr.State
 
 
@@ -155,6 +155,15 @@ def test_bad_input_is_refused_with_a_message_and_no_engine_call(session, monkeyp
     with pytest.raises(RequestError, match=words):
         next(session.generate(request))
     assert calls == [] and chat.turns == []
+
+
+def test_max_new_tokens_past_the_context_is_refused_with_the_most_that_fit_after_the_prompt(session):
+    with pytest.raises(RequestError, match=r"at most (\d+) new tokens fit after it") as refused:
+        session.check(Request.of("hi", max_new_tokens=2000))
+    most = int(refused.value.args[0].split("at most ")[1].split()[0])
+    session.check(Request.of("hi", max_new_tokens=most))  # the most it names runs
+    with pytest.raises(RequestError, match="context"):
+        session.check(Request.of("hi", max_new_tokens=most + 1))
 
 
 def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_it_is_tokenized(session, monkeypatch):

@@ -42,7 +42,7 @@ def test_a_benchmark_within_the_budget_shows_its_tables_chart_report_and_csv(pub
 def test_a_tree_benchmark_shows_a_row_named_by_the_trees_shape_and_a_csv_that_can_rerun_it(public_app):
     demo, url = public_app
     depth, tree = default_tree_draft("cpu")  # the public tiny app runs on a CPU
-    label = f"EAGLE tree {depth} × {tree.topk}, {tree.num_draft_tokens} · eager"
+    label = f"EAGLE tree {depth} × {tree.topk}, {tree.size} · eager"
     with httpx.Client() as http:
         out = ui_event(http, url, demo, "run_benchmark", "bench-tree", client(5), {**SMALL, "sl-bench-shapes": ["tree"]})
         assert "error" not in out, out
@@ -50,7 +50,7 @@ def test_a_tree_benchmark_shows_a_row_named_by_the_trees_shape_and_a_csv_that_ca
         assert {row[0] for row in out["sl-bench-categories"]["data"]} == {"target only · eager", label}
         rows = list(csv.DictReader(io.StringIO(http.get(out["sl-bench-csv"]["value"]["url"], timeout=30).text)))
     assert [(r["method"], r["k"], r["tree_topk"], r["num_draft_tokens"]) for r in rows][:2] == [
-        ("none", "0", "", ""), ("eagle", str(depth), str(tree.topk), str(tree.num_draft_tokens))]
+        ("none", "0", "", ""), ("eagle", str(depth), str(tree.topk), str(tree.size))]
 
 
 def test_on_a_public_gpu_the_tabs_default_plan_with_the_default_tree_fits_the_budget():

@@ -26,19 +26,19 @@ def points() -> list[StepPoint]:
     for i, n in enumerate(accepted, 1):
         tokens += n + 1
         t += 0.004 + 0.006
-        out.append(StepPoint(step=i, num_drafts=3, num_accepted=n, num_emitted=n + 1, draft_ms=4.0, verify_ms=6.0,
+        out.append(StepPoint(step=i, reach=3, num_accepted=n, num_emitted=n + 1, draft_ms=4.0, verify_ms=6.0,
                              elapsed_s=t, tokens_per_s=tokens / t))
     return out
 
 
 def steps(n: int) -> list[StepPoint]:
     """n steps, each accepting 1 of 3 drafts."""
-    return [StepPoint(step=i, num_drafts=3, num_accepted=1, num_emitted=2, draft_ms=1.0, verify_ms=2.0,
+    return [StepPoint(step=i, reach=3, num_accepted=1, num_emitted=2, draft_ms=1.0, verify_ms=2.0,
                       elapsed_s=i * 0.003, tokens_per_s=600.0) for i in range(1, n + 1)]
 
 
 def stats() -> AcceptanceStats:
-    s = AcceptanceStats(num_spec_tokens=3)
+    s = AcceptanceStats(reach=3)
     for n in (3, 1, 0, 2):
         s.observe_draft(3, n)
     return s

@@ -13,9 +13,9 @@ from tests.tiny_chat import tiny_session
 
 def test_an_untouched_gpu_shape_moves_to_the_fastest_at_each_side_of_zero():
     greedy, sampled = default_draft("cuda", 0.0), default_draft("cuda", 1.0)
-    page = (greedy[0], "tree", greedy[1].topk, greedy[1].num_draft_tokens)
+    page = (greedy[0], "tree", greedy[1].topk, greedy[1].size)
     moved = draft_at_temperature("cuda", 0.8, *page)
-    assert moved == (sampled[0], "tree", sampled[1].topk, sampled[1].num_draft_tokens)
+    assert moved == (sampled[0], "tree", sampled[1].topk, sampled[1].size)
     assert draft_at_temperature("cuda", 0.0, *moved) == page  # and back at T = 0
     assert draft_at_temperature("cuda", 1.2, *moved) is None  # already the sampled side's
 
@@ -28,7 +28,7 @@ def test_a_shape_the_visitor_chose_stays_when_the_temperature_changes(page):
 def test_an_untouched_cpu_tree_becomes_the_sampled_chain_and_comes_back():
     greedy, sampled = default_draft("cpu", 0.0), default_draft("cpu", 0.8)
     assert greedy[1] is not None and sampled[1] is None  # a CPU: a narrow tree at T = 0, a chain above
-    page = (greedy[0], "tree", greedy[1].topk, greedy[1].num_draft_tokens)
+    page = (greedy[0], "tree", greedy[1].topk, greedy[1].size)
     moved = draft_at_temperature("cpu", 0.8, *page)
     assert moved == (sampled[0], "chain", *page[2:])  # the hidden tree settings are kept
     assert draft_at_temperature("cpu", 0.0, *moved) == page
@@ -43,7 +43,7 @@ def test_where_both_temperatures_share_a_shape_nothing_moves(monkeypatch):
 @pytest.mark.parametrize("temperature", [None, "hot", float("nan"), True])
 def test_a_temperature_that_is_not_a_number_counts_as_greedy(temperature):
     greedy = default_draft("cuda", 0.0)
-    page = (greedy[0], "tree", greedy[1].topk, greedy[1].num_draft_tokens)
+    page = (greedy[0], "tree", greedy[1].topk, greedy[1].size)
     assert draft_at_temperature("cuda", temperature, *page) is None
 
 
@@ -56,5 +56,5 @@ def test_the_page_moves_an_untouched_default_shape_to_the_devices_sampled_defaul
     assert len(fns) == 1 and [c.elem_id for c in fns[0].inputs][0] == "sl-temperature"
     assert [c.elem_id for c in fns[0].outputs] == ["sl-k", "sl-shape", "sl-tree-topk", "sl-draft-tokens"]
     k, tree = default_draft("cpu", 0.0)
-    assert fns[0].fn(0.7, k, "tree", tree.topk, tree.num_draft_tokens, "eagle3") == [2, "tree", 2, 4]
-    assert fns[0].fn(0.0, 2, "tree", 2, 4, "eagle3") == [k, "tree", tree.topk, tree.num_draft_tokens]
+    assert fns[0].fn(0.7, k, "tree", tree.topk, tree.size, "eagle3") == [2, "tree", 2, 4]
+    assert fns[0].fn(0.0, 2, "tree", 2, 4, "eagle3") == [k, "tree", tree.topk, tree.size]

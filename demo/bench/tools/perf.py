@@ -164,8 +164,8 @@ def table_plan(device_type: str, methods: tuple[str, ...] = TABLE_DRAFTERS) -> l
     k_tree, tree = default_draft("cuda") if gpu else (4, default_tree(device_type))
     chain_k = 7 if gpu else 3
     shapes = [(f"chain k = {chain_k}", ["-k", str(chain_k)]),
-              (f"tree {k_tree} x {tree.topk}, {tree.num_draft_tokens}",
-               ["-k", str(k_tree), "--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.num_draft_tokens)])]
+              (f"tree {k_tree} x {tree.topk}, {tree.size}",
+               ["-k", str(k_tree), "--tree-topk", str(tree.topk), "--num-draft-tokens", str(tree.size)])]
     for method in methods:
         for shape, shape_flags in shapes:
             for name, flags in modes:

@@ -77,7 +77,7 @@ def sweep_row(report: dict, first_tokens_per_s: float | None) -> SweepRow:
     from demo.metrics import AcceptanceStats
 
     t, c = report["totals"], report["totals"]["config"]
-    stats = AcceptanceStats(**t["counts"])
+    stats = AcceptanceStats.from_counts(t["counts"])
     tps = stats.tokens_per_s
     return SweepRow(prompts=Path(c["prompts"] or "-").name, drafts=shape_label(c) + (
         f", {c['draft_sampling']}" if c["temperature"] > 0 and c["k"] else ""), temperature=c["temperature"],

@@ -29,11 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from demo.config import DRAFT_SAMPLING, Rule
 from demo.service.chat import RunTrace, StepRecord
 from demo.tree import DraftTree
 from demo.ui.html.render import escape
 
-GREEDY, POINTMASS, Q, WOR = "greedy", "pointmass", "q", "wor"
+GREEDY = "greedy"  # T = 0, where every Rule is the greedy test
+POINTMASS, Q, WOR = Rule.POINTMASS, Rule.Q, Rule.WOR
 RULES = {
     GREEDY: "T = 0: a draft is accepted when it is the target's most likely token (its argmax) at that "
     "position; at the first mismatch the target's own argmax takes its place.",
@@ -56,7 +58,7 @@ def acceptance_rule(settings: dict) -> str:
     if float(settings.get("temperature", 0.0)) <= 0.0:
         return GREEDY
     rule = settings.get("draft_sampling")
-    return rule if rule in (Q, WOR) else POINTMASS
+    return Rule(rule) if rule in DRAFT_SAMPLING else POINTMASS
 
 
 def children(tree: DraftTree, node: int) -> list[int]:
