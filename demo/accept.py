@@ -34,9 +34,11 @@ def accept_chain(b: StepBuffers, proposer, logits: torch.Tensor, features: torch
     token_probs = shown.at(positions, tokens)  # [k+1]
     draft_p = shown.at(positions[:k], drafts)  # [k] p of each draft at its position
     if b.history is not None:  # the emitted tokens at their positions (those past n are rewritten later)
-        b.history.index_copy_(0, b.verify_positions[0, : k + 1], tokens)
+        b.history.index_copy_(0, b.verify_positions[0, : k + 1] + 1, tokens)  # one past the root's
     if k:  # the proposer next reads these tokens and this verification's features, at their positions
-        proposer.accepted(b, tokens, b.verify_positions[:, : k + 1], n, features)
+        # (computed, not a view of verify_positions: inductor writes a mutated input back at the end
+        # of the graph, so a view passed on to another input's copy_ would read it after the add_)
+        proposer.accepted(b, tokens, b.verify_positions[:, :1] + positions, n, features)
     # the next verification starts from the target's own token, one past the last emitted
     b.verify_tokens[:, :1].copy_(tokens.index_select(0, n.view(1)).view(1, 1))
     b.verify_positions.add_(n + 1)

@@ -101,7 +101,7 @@ class BatchGenerator:
 
     def _run_steps(self, n: int) -> None:
         if self.uses_graphs and self._graph is None:
-            from demo.engine import CapturedStep  # the engine's capture helper: warm-up, then capture
+            from demo.capture import CapturedStep  # the engine's capture helper: warm-up, then capture
 
             start = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start[0].record()

@@ -20,6 +20,7 @@ from demo.config import GenerationConfig, TreeShape
 from demo.engine import Engine
 from demo.methods import REGISTRY
 from demo.proposers import NgramProposer, proposer_for
+from demo.proposers.ngram import copy_source
 from demo.target import Target
 from tests.engine.test_engine_lanes import StandInEvent, StandInGraph
 from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
@@ -96,6 +97,23 @@ def test_every_method_captured_is_eager_token_for_token_and_count_for_count(meth
             assert lab_tokens == tokens and counts(lab_events) == counts(events), (method, tree)
 
 
+@pytest.mark.parametrize("method", ["eagle3", "ngram"])
+def test_a_compiled_captured_chain_drafts_what_eager_drafts(method, graph_mode):
+    """compile="drafter" (the proposer's steps and the acceptance test through inductor, then
+    captured) proposes, step by step, the drafts eager proposes. The vLLM change's failure mode: a
+    compiled step that stages the drafter's next positions wrong drafts other tokens, and the text
+    stays lossless while acceptance falls (inductor wrote a view of verify_positions back after its
+    add_, so the drafter read every position n + 1 too far)."""
+    target = Target(tiny_hf("llama", seed=5, vocab_size=8))  # 8 tokens: drafts are often accepted
+    made = proposer(method, target)
+    gen = dict(max_new_tokens=40, num_spec_tokens=3, stop_token_ids=())
+    prompt = [7, 4, 1, 6, 3]
+    tokens, events = run(Engine(target, made, max_context=128), prompt, **gen)
+    graph_tokens, graph_events = run(graph_mode(target, made, max_context=128, compile="drafter"), prompt, **gen)
+    assert [e.draft_ids for e in graph_events] == [e.draft_ids for e in events]
+    assert graph_tokens == tokens and counts(graph_events) == counts(events)
+
+
 def test_an_ngram_draft_copies_what_followed_the_texts_last_tokens():
     """A target that always continues "a" and a prompt of a's: every copied draft is accepted, so
     each step emits k + 1 tokens, as many as a perfect drafter's."""
@@ -108,6 +126,26 @@ def test_an_ngram_draft_copies_what_followed_the_texts_last_tokens():
     assert tokens == [0] * 25
     assert all(e.num_accepted == 4 for e in events[1:-1])  # the last step may be cut at the budget
     assert events[1].tree.tokens == [0, 0, 0, 0] and events[1].draft_top is None  # a copy has no candidates
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_each_ngram_draft_is_the_copy_the_text_so_far_points_to(k):
+    """Step by step, the chain the engine drafts (on the device, from its token history) is the one
+    copy_source finds on the host in the prompt and the tokens emitted so far: the history holds each
+    emitted token at its own position, so the lookup reads the real text and accepts what it should
+    (a history one position off still emits target-only's tokens, the same text, only with far fewer
+    drafts accepted)."""
+    target = Target(tiny_hf("llama"))
+    engine = Engine(target, NgramProposer(), max_context=128)
+    tokens, events = run(engine, PROMPT, max_new_tokens=40, num_spec_tokens=k, stop_token_ids=())
+    text = list(PROMPT) + events[0].token_ids
+    for e in events[1:]:
+        source = copy_source(text)
+        start = source[0] if source else len(text) - 1  # nothing repeats: the last token, repeated
+        period = max(len(text) - start, 1) if source else 1
+        assert e.draft_ids == [text[start + t % period] for t in range(k)], f"step {e.step}"
+        text += e.token_ids
+    assert sum(e.num_accepted for e in events) > 0
 
 
 def test_an_ngram_proposer_drafts_chains_only_and_its_drafts_are_point_masses():
