@@ -15,16 +15,16 @@ Vocabulary (the same words label every chart):
 - mean acceptance length = 1 + accepted / drafts (vLLM's convention, ``SpecDecodingStats`` in
   vllm/v1/spec_decode/metrics.py): the same figure as tokens per target call, but for a last step
   cut before its own token.
-- acceptance at token i = share of steps with at least i+1 drafts accepted (a survival curve, not a
-  conditional rate), so mean acceptance length = 1 + sum of acceptance at every token.
-- acceptance at token 0 after a full chain / after a rejection: the same share over the steps that
+- acceptance at draft i = share of steps with at least i drafts accepted (a survival curve, not a
+  conditional rate), so mean acceptance length = 1 + sum of acceptance at every draft.
+- acceptance at draft 1 after a full step / after a rejected step: the same share over the steps that
   follow a step whose drafts were all accepted / one that rejected a draft. A step starts where
   the last one stopped, and a rejection marks a place the drafter did not foresee: the split shows
-  why acceptance at token 0 falls as k grows (deeper chains start more steps after rejections).
+  why acceptance at draft 1 falls as k grows (deeper chains start more steps after rejections).
 
-Numbering: the bench (``format_table``) keeps vLLM's 0-based "acceptance at token i"; the app numbers
-draft positions 1..k as a learner reads them, "draft i" being the i-th token of a step's draft (the
-depth its colour shows), so the app's "acceptance at draft i" is vLLM's "acceptance at token i-1".
+Numbering: the page and the bench (``format_table``) number draft positions 1..k as a learner reads
+them, "draft i" being the i-th token of a step's draft (the depth its colour shows), so "acceptance
+at draft i" is vLLM's 0-based "acceptance at token i-1".
 """
 
 from __future__ import annotations
@@ -216,10 +216,11 @@ class AcceptanceStats:
         }
 
     def format_table(self) -> str:
-        """The acceptance table the bench prints (vLLM's examples/offline_inference/spec_decode.py)."""
+        """The acceptance table the bench prints, vLLM's (examples/offline_inference/spec_decode.py) in
+        the page's words: acceptance at draft 1..k is vLLM's acceptance at token 0..k-1."""
         rule = "-" * 50
         lines = [rule, f"{MEAN_ACCEPTANCE_LENGTH}: {self.mean_acceptance_length:.2f}", rule]
-        lines += [f"acceptance at token {i}: {r:.2f}" for i, r in enumerate(self.acceptance_per_position)]
+        lines += [f"acceptance at draft {i}: {r:.2f}" for i, r in enumerate(self.acceptance_per_position, 1)]
         return "\n".join(lines)
 
 

@@ -32,6 +32,32 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DRAFTER_DTYPES = ("auto", "target", "float32", "bfloat16", "int8", "int8-head")
 
 
+SHAPE_FIELDS = ("num_spec_tokens", "tree_topk", "num_draft_tokens", "lookup")  # the CLI's shape flags
+
+
+def device_type(device: str) -> str:
+    """"cpu" or "cuda": the device --device names, auto resolved as build_engine's load_target resolves
+    it (demo.models.loading.resolve_device: CUDA where there is one)."""
+    if device != "auto":
+        return device
+    from demo.models.loading import resolve_device
+
+    return resolve_device(device).type
+
+
+def default_shape(method: str, device: str, temperature: float) -> dict:
+    """The shape fields of the draft `method` offers first on the device `device` runs on at
+    `temperature` (demo.methods.default_draft: the Chat tab's starting shape), with shape_default_on
+    naming that device; {} for a method that drafts nothing (the target alone) or is not registered."""
+    spec = REGISTRY.get(method)
+    if spec is None or spec.proposer is None:
+        return {}
+    on = device_type(device)
+    k, tree = spec.default_draft(on, temperature)
+    return dict(num_spec_tokens=k, tree_topk=tree.topk if tree else None, num_draft_tokens=tree.size if tree else 0,
+                lookup=tree.lookup if tree else 0, shape_default_on=on)
+
+
 class BenchConfigError(ValueError):
     """A config that cannot run; the message is one sentence that names the flag."""
 
@@ -49,6 +75,9 @@ class BenchConfig:
     tree_topk: int | None = None  # a tree: children per node (None: a chain)
     num_draft_tokens: int = 0  # a tree's tokens verified per step, the root included (0: every node)
     lookup: int = 0  # a tree's prompt-lookup branch: tokens verified beside the drafter's (TreeShape.lookup)
+    # the device type ("cpu", "cuda") whose default draft the four fields above hold (default_shape: the CLI
+    # given no shape flag); None: the shape was given
+    shape_default_on: str | None = None
     draft_sampling: str = DEFAULT_DRAFT_SAMPLING  # at T > 0 (demo.config.DRAFT_SAMPLING)
     ceiling: bool = False  # draft with the target itself (q = p): each rule's acceptance with a perfect drafter
     # engine
@@ -205,7 +234,9 @@ class BenchConfig:
             try:
                 check_fault(self.fault, self.k, self.tree is not None)
             except ValueError as e:
-                raise BenchConfigError(f"--fault: {e}") from None
+                default = (f" (without shape flags the bench drafts the default on {self.shape_default_on}, "
+                           f"{self.drafts_label}: give -k)" if self.shape_default_on else "")
+                raise BenchConfigError(f"--fault: {e}{default}") from None
         if self.check_parity and not self.captures:
             raise BenchConfigError("--check-parity holds a captured run's acceptance counts to eager's: give "
                                    "--mode cudagraph or --fault")

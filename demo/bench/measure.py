@@ -266,7 +266,7 @@ def describe_config(config: BenchConfig, engine) -> dict:
             "drafter": "the target itself (ceiling)" if config.ceiling else config.drafter_spec(),
             "method": config.method, "ceiling": config.ceiling,
             "draft_vocab": engine.drafter.drafting_vocab if engine.drafter is not None else None,
-            "k": config.k, "shape": asdict(config.shape),
+            "k": config.k, "shape": asdict(config.shape), "shape_default_on": config.shape_default_on,
             "draft_sampling": config.draft_sampling, "mode": config.mode, "compile": config.compile or False,
             "fault": config.fault,
             "kernels": config.kernels, "device": str(dev), "dtype": dtype_label(engine.target.dtype),

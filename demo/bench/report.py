@@ -12,7 +12,8 @@ from demo.methods import mode_label
 
 def shape_label(config: dict, short: bool = False) -> str:
     """"k=7", or "tree depth 6 x top-8, 64 tokens verified per step" (with "drafts sampled from q", and
-    "without replacement"). A tree of top-1 is a chain (sampled chains run on the tree machinery).
+    "without replacement"; "(the default on cpu)" where the bench chose the device's default draft,
+    config["shape_default_on"]). A tree of top-1 is a chain (sampled chains run on the tree machinery).
     short: the shape alone as a table row names it, "k=7" or "tree 6 × 8, 64" (depth × top-k, tokens
     verified per step, the root included)."""
     shape = config.get("shape") or {}
@@ -24,8 +25,12 @@ def shape_label(config: dict, short: bool = False) -> str:
         label = f"tree depth {shape['depth']} x top-{shape['topk']}, {shape['nodes'] + 1} tokens verified per step"
     if shape.get("lookup"):
         label += f" + lookup {shape['lookup']}" if short else f", and a lookup branch of {shape['lookup']}"
-    if shape.get("sampled") and not short:
-        label += ", drafts sampled from q" + (" without replacement" if shape.get("without_replacement") else "")
+    rule = shape.get("rule", "pointmass")  # reports written before the Rule type: two booleans
+    if (rule != "pointmass" or shape.get("sampled")) and not short:
+        label += ", drafts sampled from q" + (" without replacement" if rule == "wor" or shape.get("without_replacement")
+                                             else "")
+    if config.get("shape_default_on") and not short:
+        label += f" (the default on {config['shape_default_on']})"
     return label
 
 
@@ -97,8 +102,8 @@ def format_report(report: dict) -> str:
     if stats.steps_after_full or stats.steps_after_rejection:
         split = ["-" if r is None else f"{r:.2f}" for r in (stats.acceptance_at_0_after_full,
                                                               stats.acceptance_at_0_after_rejection)]
-        lines.append(f"acceptance at token 0 after a full chain: {split[0]} ({stats.steps_after_full} steps), "
-                     f"after a rejection: {split[1]} ({stats.steps_after_rejection} steps)")
+        lines.append(f"acceptance at draft 1 after a full step: {split[0]} ({stats.steps_after_full} steps), "
+                     f"after a rejected step: {split[1]} ({stats.steps_after_rejection} steps)")
     lines.append(f"tokens/s: {stats.tokens_per_s:.1f} ({stats.num_generated} tokens in {stats.elapsed_s:.2f} s "
                  "of engine time)")
     lines.append(f"propose: {stats.mean_draft_ms:.2f} ms/step, verify: {stats.mean_verify_ms:.2f} ms/step "

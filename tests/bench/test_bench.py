@@ -179,10 +179,10 @@ def test_report_ends_with_acceptance_table_then_speed():
         "-" * 50,
         "mean acceptance length: 2.69",
         "-" * 50,
-        "acceptance at token 0: 0.74",
-        "acceptance at token 1: 0.54",
-        "acceptance at token 2: 0.41",
-        "acceptance at token 0 after a full chain: 0.90 (40 steps), after a rejection: 0.64 (58 steps)",
+        "acceptance at draft 1: 0.74",
+        "acceptance at draft 2: 0.54",
+        "acceptance at draft 3: 0.41",
+        "acceptance at draft 1 after a full step: 0.90 (40 steps), after a rejected step: 0.64 (58 steps)",
         "tokens/s: 200.0 (270 tokens in 1.35 s of engine time)",
         "propose: 1.50 ms/step, verify: 8.20 ms/step (100 steps; prefill 20.00 ms/prompt)",
     ]
@@ -224,13 +224,13 @@ def test_printed_table_matches_merged_totals(models, capsys, tmp_path):
         "-" * 50,
         f"mean acceptance length: {summary['mean_acceptance_length']:.2f}",
         "-" * 50,
-        f"acceptance at token 0: {summary['acceptance_per_position'][0]:.2f}",
-        f"acceptance at token 1: {summary['acceptance_per_position'][1]:.2f}",
+        f"acceptance at draft 1: {summary['acceptance_per_position'][0]:.2f}",
+        f"acceptance at draft 2: {summary['acceptance_per_position'][1]:.2f}",
     ]
     c = json.loads(out_json.read_text())["totals"]["counts"]
-    split = lines[i + 5]  # how acceptance at token 0 depends on where the step starts
-    assert split.startswith("acceptance at token 0 after a full chain: ")
-    assert f"({c['steps_after_full']} steps), after a rejection: " in split
+    split = lines[i + 5]  # how acceptance at draft 1 depends on where the step starts
+    assert split.startswith("acceptance at draft 1 after a full step: ")
+    assert f"({c['steps_after_full']} steps), after a rejected step: " in split
     assert split.endswith(f"({c['steps_after_rejection']} steps)")
     prompts = json.loads(out_json.read_text())["totals"]["num_prompts"]  # each one's first step follows none
     assert c["steps_after_full"] + c["steps_after_rejection"] == c["num_drafts"] - prompts
@@ -239,7 +239,8 @@ def test_printed_table_matches_merged_totals(models, capsys, tmp_path):
 
 def test_json_holds_per_prompt_records_and_totals(models, tmp_path, capsys):
     out_json = tmp_path / "out.json"
-    argv = _argv(models, "eagle", "--check-lossless", "--num-prompts", "2", "--warmup", "1", "--json", str(out_json))
+    argv = _argv(models, "eagle", "-k", "3", "--check-lossless", "--num-prompts", "2", "--warmup", "1", "--json",
+                 str(out_json))
     assert bench.main(argv) == 0
     report = json.loads(out_json.read_text())
     records, totals = report["records"], report["totals"]

@@ -193,7 +193,7 @@ def test_a_run_measures_every_configuration_and_reports_as_the_cli(session):
         (k, c, 1) for k in (0, 1, 3) for c in "xyz"}
     text = report_text(reports)  # what python -m demo.bench prints, per configuration
     assert text.count("mean acceptance length: ") == 3 and "mean acceptance length: 4.00" in text
-    assert "3 prompts, max_new_tokens 9" in text and "acceptance at token 2: 1.00" in text
+    assert "3 prompts, max_new_tokens 9" in text and "acceptance at draft 3: 1.00" in text
 
 
 def test_a_tree_run_is_a_row_of_its_own_named_by_its_shape_beside_the_chain_as_deep(session):

@@ -64,7 +64,7 @@ def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_
     assert "target only · eager" in summary and "EAGLE-3 k=2 · eager" in summary
     assert "EAGLE-3 k=2 · eager" in css(driver, "#sl-bench-categories")[0].text
     report = css(driver, "#sl-bench-report")[0].text  # the bench CLI's acceptance table, per configuration
-    assert report.count("mean acceptance length:") == 2 and "acceptance at token 1:" in report
+    assert report.count("mean acceptance length:") == 2 and "acceptance at draft 2:" in report
     chart = css(driver, "#sl-bench-chart .js-plotly-plot")[0]
     assert len(css(driver, "#sl-bench-chart .js-plotly-plot g.trace.scatter")) >= 4  # 2 series x 2 panels
     ActionChains(driver).move_to_element(chart).perform()
@@ -80,7 +80,7 @@ def test_a_small_benchmark_shows_the_clis_table_a_chart_with_a_png_button_and_a_
 
 def test_ticking_tree_measures_the_chat_tabs_default_tree_in_a_row_named_by_its_shape(app_url, driver):
     k, tree = default_draft("cpu")  # what the Chat tab drafts first at T = 0 on this app's device, a CPU
-    label = f"EAGLE-3 tree {k} × {tree.topk}, {tree.num_draft_tokens} · eager"
+    label = f"EAGLE-3 tree {k} × {tree.topk}, {tree.size} · eager"
     driver.get(app_url)
     open_bench_tab(driver)
     tick(driver, "#sl-bench-methods", lambda text: text in ("target only", "EAGLE-3"))
@@ -88,7 +88,7 @@ def test_ticking_tree_measures_the_chat_tabs_default_tree_in_a_row_named_by_its_
     run_small_plan(driver, num_prompts=2, max_new_tokens=8, configs=2)
     assert label in css(driver, "#sl-bench-summary")[0].text and label in css(driver, "#sl-bench-categories")[0].text
     assert label in [t.text for t in css(driver, "#sl-bench-chart .legendtext")]  # the chart's point, by name
-    assert f"tree depth {k} x top-{tree.topk}, {tree.num_draft_tokens} tokens verified per step" in \
+    assert f"tree depth {k} x top-{tree.topk}, {tree.size} tokens verified per step" in \
         css(driver, "#sl-bench-report")[0].text  # the bench CLI's own words for the shape
 
 

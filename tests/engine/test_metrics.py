@@ -45,7 +45,7 @@ def test_the_acceptance_table_is_vllms_printout_numbered_by_draft_as_the_page():
     s.observe_draft(2, 1)
     assert s.format_table() == "\n".join([
         "-" * 50, "mean acceptance length: 2.50", "-" * 50,
-        "acceptance at token 0: 1.00", "acceptance at token 1: 0.50"])
+        "acceptance at draft 1: 1.00", "acceptance at draft 2: 0.50"])
 
 
 def test_merge_adds_totals():

@@ -19,7 +19,16 @@ import json
 import sys
 from pathlib import Path
 
-from demo.bench.config import DEVICES, DRAFTER_DTYPES, DTYPES, HOT_TOKENS, BenchConfig, BenchConfigError
+from demo.bench.config import (
+    DEVICES,
+    DRAFTER_DTYPES,
+    DTYPES,
+    HOT_TOKENS,
+    SHAPE_FIELDS,
+    BenchConfig,
+    BenchConfigError,
+    default_shape,
+)
 from demo.bench.faults import FAULTS
 from demo.bench.measure import run
 from demo.bench.report import format_report
@@ -41,18 +50,24 @@ def parser() -> argparse.ArgumentParser:
                         "CPU, 'on' always, 'off' never (the full vocabulary)")
     m.add_argument("--method", choices=METHODS, default=DEFAULT_METHOD,
                    help="drafter family; 'none' decodes with the target alone")
-    m.add_argument("--num-spec-tokens", "-k", "--tree-depth", type=int, default=3,
-                   help="draft tokens per step (k), or a tree's depth")
+    # The four shape flags default to None, "not given": with none of them the bench drafts the shape the
+    # page offers first for --method on the device at --temperature (config.default_shape); with any of
+    # them, those left out take the defaults in their help.
+    m.add_argument("--num-spec-tokens", "-k", "--tree-depth", type=int, default=None,
+                   help="draft tokens per step (k), or a tree's depth (3 beside another shape flag); without any "
+                        "shape flag the method's default draft on the device at the temperature (demo/methods.py)")
     m.add_argument("--tree-topk", type=int, default=None,
                    help="draft a tree: children expanded per node per step (SGLang's --speculative-eagle-topk; "
-                        "1 runs a chain through the tree machinery); default: a chain")
-    m.add_argument("--num-draft-tokens", type=int, default=0,
+                        "1 runs a chain through the tree machinery); beside another shape flag, default a chain")
+    m.add_argument("--num-draft-tokens", type=int, default=None,
                    help="a tree's tokens verified per step, the root included (SGLang's "
-                        "--speculative-num-draft-tokens); 0: every drafted node")
-    m.add_argument("--lookup", type=int, default=0,
+                        "--speculative-num-draft-tokens); 0 (beside another shape flag, the default): every "
+                        "drafted node")
+    m.add_argument("--lookup", type=int, default=None,
                    help="verify a prompt-lookup branch of this many tokens beside a tree's nodes: what followed "
                         "the text's last 1 to 4 tokens where they last appeared (demo/proposers/ngram.py); trees of "
-                        "the drafter's top choices only (T = 0, or --draft-sampling pointmass)")
+                        "the drafter's top choices only (T = 0, or --draft-sampling pointmass); beside another "
+                        "shape flag, default 0")
     m.add_argument("--draft-sampling", choices=DRAFT_SAMPLING, default=DEFAULT_DRAFT_SAMPLING,
                    help="T > 0: 'pointmass' drafts the drafter's top choices, accepted with p (siblings in turn); "
                         "'q' draws drafts from the drafter's q, accepted with min(1, p/q); 'wor' draws a node's "
@@ -111,12 +126,16 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str] | None = None) -> tuple[BenchConfig, str | None]:
     """The command line as a checked BenchConfig and the --json path; a bad one exits as argparse does
-    (status 2, the reason on stderr). No model is touched here."""
+    (status 2, the reason on stderr). Without a shape flag the shape is the method's default on the
+    device at the temperature, as on the page. No model is touched here."""
     p = parser()
     args = vars(p.parse_args(argv))
     out = args.pop("json")
+    shape = {f: v for f in SHAPE_FIELDS if (v := args.pop(f)) is not None}  # those left out: BenchConfig's
+    if not shape:
+        shape = default_shape(args["method"], args["device"], args["temperature"])
     try:
-        return BenchConfig(**args).check(), out
+        return BenchConfig(**args, **shape).check(), out
     except BenchConfigError as e:
         p.error(str(e))
 
