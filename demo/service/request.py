@@ -26,6 +26,10 @@ LIMITS = {
 TREE_PARAMS = {"topk": "tree_topk", "size": "num_draft_tokens", "lookup": "lookup"}  # /generate's names of them
 TREE_LIMITS = {"topk": (1, MAX_TREE_TOPK), "size": (0, MAX_DRAFT_TOKENS),  # size 0: every node
                "lookup": (0, MAX_LOOKUP)}
+# The page offers max new tokens up to its model's context less this share of it (at least), room
+# for a short prompt and a step's drafts: the most it offers runs, where LIMITS' 2048 could never
+# fit a 2048-token context (a longer prompt is refused at Generate, with the room it leaves).
+PROMPT_SHARE = 1 / 16
 # A prompt (with the conversation before it) longer than max_context * this many characters cannot
 # fit the context and is refused before it is tokenized: English runs about 4 characters per token,
 # and no real text packs 32 into every token of a prompt.
@@ -101,6 +105,12 @@ def check_values(request: Request) -> None:
         request.shape.check()
     except ValueError as e:
         raise RequestError(f"{str(e)[0].upper()}{str(e)[1:]}.") from None
+
+
+def most_new_tokens(max_context: int) -> int:
+    """The most max new tokens the page offers on a model of `max_context` tokens (PROMPT_SHARE)."""
+    lo, hi = LIMITS["max_new_tokens"]
+    return max(lo, min(hi, max_context - math.ceil(max_context * PROMPT_SHARE)))
 
 
 def check_number(name: str, value, lo, hi) -> None:

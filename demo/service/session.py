@@ -83,6 +83,17 @@ class Session:
                                                                   clean_up_tokenization_spaces=False)))
         return [texts[int(i)] for i in ids]
 
+    def unshown_stop(self, trace: RunTrace | None) -> str:
+        """Where a stop token the reply's text leaves out (a special token, as the reply is decoded)
+        ended the run: "the last token, <|im_end|>, ends the turn and is not shown", the clause every
+        line that counts the reply's tokens adds (the counts include it, as vLLM's do); else ""."""
+        if trace is None or trace.finish_reason != "stop" or not trace.steps or not trace.steps[-1].token_ids:
+            return ""
+        stop = trace.steps[-1].token_ids[-1]
+        if self.tokenizer.decode([stop], skip_special_tokens=True, clean_up_tokenization_spaces=False):
+            return ""  # a stop token with text: the reply shows it
+        return f"the last token, {self.token_texts([stop])[0]}, ends the turn and is not shown"
+
     def draft_texts(self, drafts: list[list[int]]) -> list[str]:
         """Each draft's text, its tokens decoded together (special tokens kept): a character split
         over several tokens reads whole. Kept per Models, as token_texts are (the page redraws every
@@ -196,9 +207,11 @@ class Session:
         need = len(ids) + max_new + request.shape.width
         if need > self.max_context:
             what = "conversation" if history else "prompt"
+            room = self.max_context - len(ids) - request.shape.width  # the most new tokens that fit after it
+            fits = f": at most {room} new tokens fit after it" if room >= 1 else ""
             raise RequestError(f"The {what} is {len(ids)} tokens; with max new tokens {max_new} "
-                               f"it needs {need} of the {self.max_context}-token context. Shorten it, lower max new "
-                               "tokens" + (", or clear the chat." if history else "."))
+                               f"it needs {need} of the {self.max_context}-token context{fits}. Shorten it, lower max "
+                               "new tokens" + (", or clear the chat." if history else "."))
         return ids
 
     def _check_text(self, prompt, history: list[dict]) -> None:
@@ -414,7 +427,9 @@ class Session:
         s = trace.stats
         reason = (clock.ran_out() if trace.finish_reason == "time" else
                   {"stop": "end of turn", "length": "max new tokens reached"}.get(trace.finish_reason, "done"))
-        return (f"done ({reason}): {s.accounting()}; {s.tokens_per_call:.2f} tokens per target call, "
+        unshown = self.unshown_stop(trace)
+        return (f"done ({reason}): {s.accounting()}{'; ' + unshown if unshown else ''}; "
+                f"{s.tokens_per_call:.2f} tokens per target call, "
                 f"{s.tokens_per_s:.1f} tokens/s")
 
 

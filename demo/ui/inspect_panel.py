@@ -5,6 +5,8 @@ reads the chat's trace, never the engine, so it answers while a reply streams.
 
 from __future__ import annotations
 
+import math
+
 import gradio as gr
 
 from demo.service.model_cache import ModelCache
@@ -28,19 +30,29 @@ def build_tree_panel() -> dict:
 
 
 def register(c: Controls, cache: ModelCache) -> None:
-    def show_tree(chat, step, model):
-        """The slider's step in the tree view and in the inspector. A step typed past the run's (or
-        not a whole number) is refused in a sentence and the box shows the nearest step there is."""
+    def shown_step(chat, step, model):
+        """The step in the tree view and in the inspector. A step typed past the run's (or not a whole
+        number) is refused in a sentence and the box shows the nearest step there is."""
         session = shown_session(cache, model)
         trees = len(chat.trace.trees) if chat.trace else 0
-        valid = isinstance(step, (int, float)) and not isinstance(step, bool) and step == step and step == int(step)
+        valid = (isinstance(step, (int, float)) and not isinstance(step, bool)
+                 and (isinstance(step, int) or math.isfinite(step)) and step == int(step))
         at = min(max(int(step) if valid else trees, 1), max(trees, 1))
         out = {c.tree: tree_view(session, chat.trace, at), c.inspector: inspector_html(session, chat.trace, at),
                c.tree_step: gr.skip()}
         if not valid or at != step:
-            gr.Warning(f"Step {step} is not a step of this run: its draft trees are steps 1 to {max(trees, 1)}.")
+            typed = "An empty step" if step in (None, "") else f"Step {step}"
+            gr.Warning(f"{typed} is not a step of this run: its draft trees are steps 1 to {max(trees, 1)}; "
+                       f"showing step {at}.")
             out[c.tree_step] = gr.update(value=at)
         return out
+
+    def show_tree(chat, step, model):
+        """The slider moved or its box was typed in (the raw value, unchecked by Gradio); an emptied
+        box waits for the next digit, or for leaving it (typed_step)."""
+        if step is None:
+            return {c.tree: gr.skip(), c.inspector: gr.skip(), c.tree_step: gr.skip()}
+        return shown_step(chat, step, model)
 
     def inspect(chat, model, evt: gr.EventData):
         """A token (or a step button) was clicked or tapped: its step in the inspector and, when the
@@ -58,10 +70,12 @@ def register(c: Controls, cache: ModelCache) -> None:
     answer = dict(trigger_mode="always_last", show_progress="hidden", **PRIVATE)
     def typed_step(chat, model, evt: gr.EventData):
         """On leaving the slider's number box, which sends the typed value before clamping it."""
-        return show_tree(chat, evt._data, model)
+        return shown_step(chat, evt._data, model)
 
+    # preprocess=False: Gradio's own range check would refuse a typed step past the slider's maximum
+    # with an error (and a server traceback) before show_tree could answer it in a sentence
     c.tree_step.input(show_tree, inputs=[c.chat, c.tree_step, c.model], outputs=[c.tree, c.inspector, c.tree_step],
-                      **answer)
+                      preprocess=False, **answer)
     c.tree_step.release(typed_step, inputs=[c.chat, c.model], outputs=[c.tree, c.inspector, c.tree_step], **answer)
     c.inspector.click(inspect, inputs=[c.chat, c.model], outputs=[c.inspector, c.tree, c.tree_step], **answer)
     # rejected drafts are always in the page's HTML; the toggle shows or hides them in the browser

@@ -5,13 +5,15 @@ tree's options follow the shape. Phones start with the sidebar closed ("⚙ Sett
 
 from __future__ import annotations
 
+import math
+
 import gradio as gr
 
 from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, Rule, TreeShape
 
 from demo.methods import DEFAULT_METHOD, METHOD_LABELS, MODE_LABELS, REGISTRY, default_tree
 from demo.service.model_cache import RANDOM_INIT
-from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number
+from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number, most_new_tokens
 from demo.service.session import Session
 from demo.service.settings import AppSettings
 from demo.ui.controls import Controls
@@ -66,8 +68,23 @@ def verified_range(depth: int, topk: int) -> tuple[int, int]:
     return min(depth + 1, MAX_DRAFT_TOKENS), min(shape.candidates + 1, MAX_DRAFT_TOKENS)
 
 
-# The settings a visitor can type out of range, as the request names them: a typed value outside is
-# refused in a sentence (the box then puts its value back in range), never clamped silently.
+def default_verified(device_type: str, method: str, temperature) -> int:
+    """The tokens verified per step the slider follows until the visitor sets it: the tree's that
+    `method` offers first at this temperature, else the device's default tree's (0: every node)."""
+    spec = REGISTRY.get(method) if isinstance(method, str) else None
+    first = spec.default_draft(device_type, temperature)[1] if spec is not None else None
+    return (first or default_tree(device_type)).size
+
+
+def verified_value(depth, topk, wanted: int) -> int:
+    """`wanted` tokens verified (0: every node) where a tree of this depth and top-k allows them,
+    else the nearest it allows."""
+    lo, hi = verified_range(int(depth), int(topk))
+    return min(max(wanted or hi, lo), hi)
+
+
+# The settings a visitor can type out of range, as the request names them: a typed value outside its
+# box's range is refused in one sentence that says the range and the value the box is set back to.
 TYPED = {"num_spec_tokens": "k", "max_new_tokens": "max new tokens", "temperature": "temperature",
          "top_p": "top-p", "seed": "seed"}
 
@@ -90,12 +107,12 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
                            elem_id="sl-shape", **shape_choice(method.value))
     tree = tree or default_tree(session.device.type)
     lo_nodes, hi_nodes = verified_range(defaults.k or k, tree.topk)
+    nodes = verified_value(defaults.k or k, tree.topk, tree.size)
     with gr.Column(visible=draft_shape.value == "tree", elem_id="sl-tree-options") as tree_options:
         tree_topk = gr.Slider(1, MAX_TREE_TOPK, value=tree.topk, step=1, label="Tree top-k", elem_id="sl-tree-topk",
                               info="children expanded per node (1: a chain)")
-        num_draft_tokens = gr.Slider(lo_nodes, hi_nodes, value=min(max(tree.size or hi_nodes, lo_nodes),
-                                                                   hi_nodes), step=1,
-                                     label="Tokens verified per step", elem_id="sl-draft-tokens",
+        num_draft_tokens = gr.Slider(lo_nodes, hi_nodes, value=nodes, step=1, label="Tokens verified per step",
+                                     elem_id="sl-draft-tokens",
                                      info="the root included; the most: every drafted node")
         lookup = gr.Slider(0, MAX_LOOKUP, value=tree.lookup, step=1, label="Lookup branch", elem_id="sl-lookup",
                            info="tokens copied from the text where its last words appeared before, verified "
@@ -105,8 +122,11 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
     temperature = gr.Slider(*LIMITS["temperature"], value=gen.temperature, step=0.05, label="Temperature",
                             info="0 = greedy (identical to target-only)", elem_id="sl-temperature")
     top_p = gr.Slider(*LIMITS["top_p"], value=gen.top_p, step=0.01, label="Top-p", elem_id="sl-top-p")
-    max_new_tokens = gr.Slider(*LIMITS["max_new_tokens"], value=defaults.max_new_tokens or gen.max_new_tokens, step=1,
-                               label="Max new tokens", elem_id="sl-max-new")
+    most = most_new_tokens(session.max_context)  # the prompt shares the context with the reply
+    max_new_tokens = gr.Slider(LIMITS["max_new_tokens"][0], most, step=1, label="Max new tokens",
+                               value=min(defaults.max_new_tokens or gen.max_new_tokens, most), elem_id="sl-max-new",
+                               info=f"at most {most}: the model's {session.max_context}-token context also holds "
+                               "the prompt")
     seed = gr.Number(gen.seed, precision=0, minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1], label="Seed",
                      elem_id="sl-seed")
     compare = gr.Checkbox(DEFAULT_REQUEST.compare, label="Compare with target-only", elem_id="sl-compare",
@@ -168,12 +188,15 @@ def draft_at_temperature(device_type: str, temperature, k, shape, topk, nodes,
     return shown_draft(here, *current[2:])
 
 
-def refusal(name: str, value, lo, hi) -> str | None:
-    """The sentence refusing a typed `value` of setting `name` outside [lo, hi] (or not a number)."""
+def refusal(name: str, value, lo, hi) -> tuple[str, float] | None:
+    """(the sentence refusing a typed `value` of setting `name` outside [lo, hi] or not a number, the
+    value the box is set back to: the nearest in range, `lo` for no number); None for a good value."""
     try:
         check_number(name, value, lo, hi)
     except RequestError as e:
-        return str(e)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        back = min(max(round(value) if isinstance(lo, int) else value, lo), hi) if number else lo
+        return f"{str(e).rstrip('.')}; set to {back}.", back
     return None
 
 
@@ -186,25 +209,46 @@ def register(c: Controls, device_type: str) -> None:
         return {c.status: status_html(message)}
 
     def typed(field: str):
-        """A listener that reads the raw value (Gradio's own bounds check would log a traceback)."""
-        lo, hi = LIMITS[field]
+        """Listeners that read the raw value (Gradio's own bounds check would log a traceback) and
+        answer a bad one once: a slider on release, which sends the typed value (its change may
+        carry it too, or already the browser's clamped one), a number box on change."""
+        component = c.generation[field]
+        lo, hi = component.minimum, component.maximum  # the box's range (max new tokens: the model's)
+        slider = isinstance(component, gr.Slider)
+
+        def answer(value, speak: bool) -> dict:
+            bad = refusal(TYPED[field], value, lo, hi)
+            out = {c.status: gr.skip(), component: gr.skip()}
+            if bad and speak:
+                message, back = bad
+                out = {**refuse(message), component: back}
+            if field == "num_spec_tokens":
+                out[c.legend] = gr.skip() if bad else render_legend(int(value))
+            return out
 
         def setting_checked(value):
-            message = refusal(TYPED[field], value, lo, hi)
-            out = refuse(message) if message else {c.status: gr.skip()}
-            if field == "num_spec_tokens":
-                out[c.legend] = gr.skip() if message else render_legend(int(value))
-            return out
+            return answer(value, speak=not slider)
 
         def setting_released(evt: gr.EventData):
             """On leaving a slider's number box, which sends the typed value before clamping it."""
-            return setting_checked(evt._data)
+            return answer(evt._data, speak=True)
         return setting_checked, setting_released
 
-    def tree_sizes(depth, topk, verified):
-        """The verified tokens' slider spans what a tree of this depth and top-k can verify."""
+    # the tokens verified per step the visitor set (None: not set, or set back to the default): the
+    # slider holds them wherever the tree allows them, so k or top-k going and coming back restores them
+    chosen = gr.State(None)
+
+    def choose(verified, depth, topk, method, temperature):
+        """The visitor's own tokens verified per step (None where they set the default's)."""
+        default = verified_value(depth, topk, default_verified(device_type, method, temperature))
+        return None if int(verified) == default else int(verified)
+
+    def tree_sizes(depth, topk, wanted, method, temperature):
+        """The verified tokens' slider spans what a tree of this depth and top-k can verify and holds
+        the visitor's value, or untouched the default's, as near as the tree allows."""
         lo, hi = verified_range(int(depth), int(topk))
-        return gr.update(minimum=lo, maximum=hi, value=min(max(int(verified), lo), hi))
+        wanted = default_verified(device_type, method, temperature) if wanted is None else wanted
+        return gr.update(minimum=lo, maximum=hi, value=verified_value(depth, topk, wanted))
 
     def method_options(method, temperature, k, shape, topk, nodes):
         """The comparison and the drafting shape follow the method; an untouched draft becomes its first."""
@@ -222,13 +266,17 @@ def register(c: Controls, device_type: str) -> None:
     for field in TYPED:
         component = c.generation[field]
         checked, released = typed(field)
-        outputs = [c.status, c.legend] if field == "num_spec_tokens" else [c.status]
-        component.change(checked, inputs=[component], outputs=outputs, preprocess=False, **now)
+        outputs = [c.status, component, c.legend] if field == "num_spec_tokens" else [c.status, component]
+        # the box is among the outputs (put back in range): no progress drawn over it as it moves
+        component.change(checked, inputs=[component], outputs=outputs, preprocess=False, show_progress="hidden", **now)
         if isinstance(component, gr.Slider):
-            component.release(released, outputs=outputs, **now)
-    for component in (c.num_spec_tokens, c.tree_topk):
-        component.change(tree_sizes, inputs=[c.num_spec_tokens, c.tree_topk, c.num_draft_tokens],
+            component.release(released, outputs=outputs, show_progress="hidden", **now)
+    tree_shape = [c.num_spec_tokens, c.tree_topk]
+    for component in tree_shape:
+        component.change(tree_sizes, inputs=[*tree_shape, chosen, c.method, c.temperature],
                          outputs=[c.num_draft_tokens], **now)
+    c.num_draft_tokens.input(choose, inputs=[c.num_draft_tokens, *tree_shape, c.method, c.temperature],
+                             outputs=[chosen], **now)
 
     def follow_temperature(temperature, k, shape, topk, nodes, method):
         """Across T = 0 an untouched draft shape becomes the method's fastest at the new temperature."""

@@ -97,12 +97,20 @@ def finished_race(chat: ChatState) -> str:
     return render_race(METHOD_LABELS[spec.method], reply, spec, base_reply, base, t, steps, chat.comparison)
 
 
+def counted_views(session: Session, chat: ChatState) -> dict:
+    """The headline and the stats: the views that count the reply's tokens, each saying where the last
+    is a stop token the reply does not show."""
+    unshown = session.unshown_stop(chat.trace)
+    return {"headline": render_headline(chat.trace, chat.comparison, unshown),
+            "stats": render_stats(panel_stats(session, chat.trace), DEFINITIONS, unshown)}
+
+
 def chat_view(c: Controls, session: Session, chat: ChatState, figures: bool = True) -> dict:
     """The text, the headline and the stats of one chat state and, with `figures`, its charts and
     tree view: one source, so they always count the same tokens."""
-    out = {c.conversation: conversation_html(session, chat),
-           c.headline: render_headline(chat.trace, chat.comparison), c.guide: guide_html(session, chat.trace),
-           c.stats: render_stats(panel_stats(session, chat.trace), DEFINITIONS)}
+    counted = counted_views(session, chat)
+    out = {c.conversation: conversation_html(session, chat), c.headline: counted["headline"],
+           c.guide: guide_html(session, chat.trace), c.stats: counted["stats"]}
     if figures:
         out.update(zip(c.plots, figures_of(chat.trace)))
         out[c.tree] = tree_view(session, chat.trace)
@@ -133,8 +141,8 @@ def streamed(c: Controls, session: Session, update: Update, on_page: int | None,
     elif len(reply.pieces) > on_page:
         rejected = rejected_texts(chat.trace, session.draft_texts)
         out[c.stream] = render_delta(len(chat.turns), reply.pieces, on_page, rejected)
-    out |= {c.headline: render_headline(chat.trace, chat.comparison),
-            c.stats: render_stats(panel_stats(session, chat.trace), DEFINITIONS)}
+    counted = counted_views(session, chat)
+    out |= {c.headline: counted["headline"], c.stats: counted["stats"]}
     if figures:
         out.update(zip(c.plots, figures_of(chat.trace)))
         out |= {c.tree: tree_view(session, chat.trace), c.tree_step: tree_step_update(chat.trace)}

@@ -1,6 +1,9 @@
 """One step taken apart (demo/ui/html/inspector.py): the rejected draft a step shows, each draft's verdict
 under the three acceptance rules, and the inspector's HTML. Hand-made steps, no model."""
 
+import re
+from dataclasses import replace
+
 import pytest
 
 from demo.metrics import AcceptanceStats
@@ -200,3 +203,25 @@ def test_a_lookup_branchs_nodes_are_named_copies_with_no_q_and_stay_out_of_the_d
     assert "prompt lookup" in at[1].emitted[2] and "accepted draft 1" == at[0].emitted[2]
     html = page(render_inspector(trace_of(step), 1, {t: f"t{t}" for t in tokens + [99]})).text
     assert "the last 2 copied from the text" in html and "q = 0.000" not in html
+
+
+def test_the_q_rule_shows_small_probabilities_with_significant_digits():
+    # p = 2.1e-05 and q = 6.7e-04: at 3 decimals both read 0.000 and min(1, 0.000 / 0.000) means nothing
+    first = positions(tree_step(path=[], p=(0.000021, 0.5, 0.2, 0.4, 0.9, 0.1), q=(0.00067, 0.3, 0.5, 0.4, 0.8, 0.7)),
+                      Q)[0].drafts[0]
+    assert "min(1, 2.1e-05 / 0.00067) = 0.031 → rejected" in first.why, first.why
+    # under pointmass the mass left and the sibling's chance keep their digits too
+    second = positions(tree_step(path=[2], p=(0.9996, 0.0004, 0.2, 0.4, 0.9, 0.1)), POINTMASS)[0].drafts[1]
+    assert "= 0.0004 / 0.0004 = 1.000 → accepted" in second.why, second.why
+
+
+def test_the_inspector_shows_every_small_p_and_q_with_significant_digits():
+    tiny = [(90, 0.00003), *TOP5[1:]]
+    step = replace(chain_step(n=0, p=(0.000021, 0.1, 0.3, 0.2), q=(0.00067, 0.5, 0.4, 0.3)),
+                   token_probs=[0.000456], target_top=[tiny])
+    shown = page(render_inspector(trace_of(step, temperature=0.8, draft_sampling="q"), 1,
+                                  {i: f"t{i}" for i in range(100)})).text
+    # p = 0.200 (TOP5's): from 0.001 up, 3 decimals as before
+    for words in ("q = 0.00067 · p = 2.1e-05", "p = 3e-05", "q = 0.00067", "(p = 0.000456:", "p = 0.200"):
+        assert words in shown, words
+    assert not re.search(r"0\.000(?!\d)", shown), shown  # no value rounded to nothing

@@ -69,8 +69,10 @@ def speedup_range(comparison: Comparison) -> str:
     return text
 
 
-def render_headline(trace: RunTrace | None, comparison: Comparison | None = None) -> str:
-    """Tokens per target call, the measured speedup (or how to measure it) and why; dashes before a run."""
+def render_headline(trace: RunTrace | None, comparison: Comparison | None = None, unshown: str = "") -> str:
+    """Tokens per target call, the measured speedup (or how to measure it) and why; dashes before a run.
+    `unshown`: the clause saying the last token counted is a stop token the reply does not show
+    (Session.unshown_stop), after the accounting."""
     if trace is None or not trace.stats.num_steps:
         return ('<div class="sl-headline sl-headline-empty"><div class="sl-hl"><b>–</b><span>tokens per target '
                 'call</span></div><div class="sl-hl"><b>–</b><span>speedup</span></div></div>')
@@ -80,7 +82,7 @@ def render_headline(trace: RunTrace | None, comparison: Comparison | None = None
                 f'<div class="sl-hl"><b>{s.tokens_per_s:.1f}</b><span>tokens/s target-only: the baseline a '
                 "speculative run is compared with</span></div></div>")
     calls = (f'<div class="sl-hl"><b>{s.tokens_per_call:.2f}</b><span>tokens per target call</span>'
-             f"<small>{escape(s.accounting())}</small></div>")
+             f"<small>{escape(s.accounting() + ('; ' + unshown if unshown else ''))}</small></div>")
     if comparison is not None and comparison.baseline_tokens_per_s > 0:
         speed = (f'<div class="sl-hl"><b>{comparison.speedup:.2f}×</b><span>speedup, measured</span>'
                  f"<small>{escape(speedup_range(comparison))}: {comparison.speculative_tokens_per_s:.1f} vs "

@@ -53,6 +53,12 @@ TOKEN_CHARS = 24  # a token shows at most this many characters in the inspector
 HINT = "Click or tap a token of the latest reply to inspect its step."
 
 
+def prob_text(x: float) -> str:
+    """A probability or a ratio as the inspector prints it: 3 decimals from 0.001 up, 3 significant
+    digits below (2.1e-05, 0.00067), so a small value never reads as 0.000."""
+    return f"{x:.3f}" if x >= 0.001 or x == 0 else f"{x:.3g}"
+
+
 def acceptance_rule(settings: dict) -> str:
     """GREEDY, POINTMASS, Q or WOR: how the run's drafts were accepted (RunTrace.settings)."""
     if float(settings.get("temperature", 0.0)) <= 0.0:
@@ -160,10 +166,12 @@ def _verdicts(tree: DraftTree, nodes: list[int], accepted: int | None, rule: str
             elif rule == POINTMASS:
                 left = max(1.0 - tried_mass, 0.0)
                 chance = min(1.0, p / left) if left > 0 else 0.0
-                how = (f"accept with p(x) = {p:.3f}" if i == 0 else
-                       f"accept with p(x) / (1 − p of the siblings tried) = {p:.3f} / {left:.3f} = {chance:.3f}")
+                how = (f"accept with p(x) = {prob_text(p)}" if i == 0 else
+                       f"accept with p(x) / (1 − p of the siblings tried) = {prob_text(p)} / {prob_text(left)} = "
+                       f"{prob_text(chance)}")
             elif i == 0 and q:
-                how = f"accept with min(1, p/q) = min(1, {p:.3f} / {q:.3f}) = {min(1.0, p / q):.3f}"
+                how = (f"accept with min(1, p/q) = min(1, {prob_text(p)} / {prob_text(q)}) = "
+                       f"{prob_text(min(1.0, p / q))}")
             elif rule == WOR:
                 how = "tested with min(1, p/q) against what the earlier rejections left of p and of q"
             else:
@@ -247,7 +255,7 @@ def _candidates_html(title: str, rows: list[tuple[int, float | None]], texts: di
     for token, prob in rows:
         tags = [c for c, on in (("sl-is-draft", token in drafted), ("sl-is-emitted", token == emitted)) if on]
         width = f"{100 * prob:.0f}" if prob is not None else "0"
-        value = f"{prob:.3f}" if prob is not None else "?"
+        value = prob_text(prob) if prob is not None else "?"
         items.append(f'<li class="{" ".join(["sl-cand", *tags])}">{token_html(texts.get(token, "?"))}'
                      f'<span class="sl-bar"><span style="width:{width}%"></span></span>'
                      f'<span class="sl-prob">{symbol} = {value}</span></li>')
@@ -264,9 +272,9 @@ def _position_html(pos: Position, texts: dict[int, str], chain: bool, last_draft
     lines = []
     for c in pos.drafts:
         mark, word = MARKS[c.status]
-        q = f"q = {c.q:.3f} · " if c.q is not None else ""
+        q = f"q = {prob_text(c.q)} · " if c.q is not None else ""
         lines.append(f'<div class="sl-verdict sl-{c.status}"><span class="sl-mark">{mark}</span> draft '
-                     f'{token_html(texts.get(c.token, "?"))} {word} <span class="sl-why">({q}p = {c.p:.3f}: '
+                     f'{token_html(texts.get(c.token, "?"))} {word} <span class="sl-why">({q}p = {prob_text(c.p)}: '
                      f"{escape(c.why)})</span></div>")
     if not pos.drafts and last_drafted:
         lines.append('<div class="sl-verdict">no draft here: the target adds its own token after the last '
@@ -281,7 +289,7 @@ def _position_html(pos: Position, texts: dict[int, str], chain: bool, last_draft
     if pos.emitted:
         token, p, how = pos.emitted
         out = (f'<div class="sl-emitted">emitted {token_html(texts.get(token, "?"), "sl-is-emitted")} '
-               f'<span class="sl-why">(p = {p:.3f}: {escape(how)})</span></div>')
+               f'<span class="sl-why">(p = {prob_text(p)}: {escape(how)})</span></div>')
     else:
         out = ""
     return (f'<div class="sl-pos"><div class="sl-pos-head">{escape(head)}</div>{"".join(lines)}'

@@ -151,9 +151,10 @@ def _row(name: str, value: str, definition: str = "") -> str:
     return f'<tr{tip}><th>{escape(name)}</th><td>{escape(value)}{note}</td></tr>'
 
 
-def render_stats(stats: dict, definitions: dict[str, str]) -> str:
+def render_stats(stats: dict, definitions: dict[str, str], unshown: str = "") -> str:
     """The stats panel: AcceptanceStats.summary() numbers plus method, mode, device and dtype, each
-    with its one-line definition beside it (and on hover)."""
+    with its one-line definition beside it (and on hover); `unshown`: the clause saying the last token
+    counted is a stop token the reply does not show (Session.unshown_stop)."""
     if "mean_acceptance_length" not in stats:
         return (f'<div class="sl-stats sl-empty">No generation yet. Running on {escape(stats.get("device", "?"))}, '
                 f'{escape(stats.get("dtype", "?"))}.</div>')
@@ -172,7 +173,8 @@ def render_stats(stats: dict, definitions: dict[str, str]) -> str:
         _row("verify ms / step", f'{stats["mean_verify_ms"]:.1f}', d["verify_ms"]),
         _row("steps", f'{stats["num_steps"]} (+ prefill, {stats["prefill_ms"]:.0f} ms)',
              "Target forwards after the prefill; each emits accepted drafts + 1 tokens."),
-        _row("tokens", str(stats["num_generated"]), "Tokens generated, the prefill's first token included."),
+        _row("tokens", f'{stats["num_generated"]}' + (f" ({unshown})" if unshown else ""),
+             "Tokens generated, the prefill's first token included."),
         _row("method · mode", " · ".join(stats.get(f"{key}_label", stats[key]) for key in ("method", "mode")), ""),
         *([_row("drafts over", f'{stats["draft_vocab"]:,} of {stats["vocab_size"]:,} tokens', d["draft_vocab"])]
           if stats.get("draft_vocab") else []),
