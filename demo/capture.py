@@ -2,7 +2,7 @@
 captured over its persistent buffers (demo/step_buffers.py) and replayed.
 
 In graph mode a whole decoding step (propose, verify and, at T = 0, the acceptance test) is one graph
-per attend bucket, captured twice (two ``Lane``s, so step s + 1 is launched before the host reads step
+per attend bucket, captured twice (two ``Replica``s, so step s + 1 is launched before the host reads step
 s), and the prefill one graph per prompt bucket. ``torch.compile`` (``compile_step``) compiles the
 phases the engine's compile scope names before capture. Every capture starts from the state the
 buffers were allocated in, and the engine supplies the step's phases through its public phase API
@@ -31,12 +31,12 @@ class CaptureState:
     accept: Callable  # the (compiled) greedy acceptance test
     accept_sampled: Callable  # the acceptance test at T > 0, top-p 1 (CapturedSampling), on b.draws
     initial: list  # the state allocation made (state_tensors), which every capture starts from
-    sampled: bool = False  # a generation at T > 0 asked for accept_sampled: every lane has it
+    sampled: bool = False  # a generation at T > 0 asked for accept_sampled: every replica has it
     sampled_uncompiled: bool = False  # accept_sampled failed to compile and runs as eager runs it
 
 
 @dataclass
-class Lane:
+class Replica:
     """One of a shape's two captured copies of the step (graph mode). Steps alternate between them so
     that step s + 1 is launched before the host reads step s: the host's work between two steps
     (reading the result, accounting, the consumer of the event) overlaps the device's next step
@@ -44,7 +44,7 @@ class Lane:
     times is not disturbed by step s + 1 recording its own."""
 
     graphs: dict  # "step" (greedy, acceptance included) and/or "step_sampled" and "accept_sampled" -> CapturedStep
-    marks: tuple  # (start, after propose): recorded inside this lane's graphs
+    marks: tuple  # (start, after propose): recorded inside this replica's graphs
     end: "torch.cuda.Event"  # after the step (and, at T > 0, its acceptance test)
     copied: "torch.cuda.Event"  # after the packed result reached `host`
     host: torch.Tensor  # pinned host copy of StepBuffers.result
@@ -147,8 +147,8 @@ def capture_steps(engine, b: StepBuffers, buckets: list[int]) -> None:
                 accept(logits, features)
             return logits, features
 
-        lanes = []  # the bucket's entry appears once both lanes are captured, never half made
-        for i in range(2):  # two lanes (Lane): the same compiled functions, captured twice
+        replicas = []  # the bucket's entry appears once both replicas are captured, never half made
+        for i in range(2):  # two replicas (Replica): the same compiled functions, captured twice
             marks = tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
             graphs = {}
             if not b.shape.sampled:  # drafts sampled from q exist only at T > 0
@@ -157,17 +157,17 @@ def capture_steps(engine, b: StepBuffers, buckets: list[int]) -> None:
             b.graphs.update({graph_name(name, attend, i, engine.max_context): g for name, g in graphs.items()})
             if b.capture.sampled:
                 capture_accept_sampled(engine, b, graphs, attend, i)
-            lanes.append(Lane(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
+            replicas.append(Replica(graphs, marks, torch.cuda.Event(enable_timing=True), torch.cuda.Event(),
                               torch.empty(b.result.shape, dtype=b.result.dtype, pin_memory=b.result.is_cuda)))
-        b.lanes[attend] = lanes
+        b.replicas[attend] = replicas
     if first:
         for size in engine.prefill_buckets():
             b.graphs[f"prefill{size}"] = captured(lambda size=size: engine.prefill_forward(b, size, engine.attended(size)))
     restore(b)
 
 
-def capture_accept_sampled(engine, b: StepBuffers, graphs: dict, attend: int, lane: int) -> None:
-    """A lane's "accept_sampled": the T > 0 acceptance test over the lane's verification, which
+def capture_accept_sampled(engine, b: StepBuffers, graphs: dict, attend: int, replica: int) -> None:
+    """A replica's "accept_sampled": the T > 0 acceptance test over the replica's verification, which
     its step graph leaves in its outputs. Compiled with the proposer's steps, and captured
     uncompiled (with a warning) should inductor fail on the rules' unrolled loops."""
     accept = lambda stepped=graphs["step_sampled"]: b.capture.accept_sampled(*stepped.output)  # noqa: E731
@@ -179,12 +179,12 @@ def capture_accept_sampled(engine, b: StepBuffers, graphs: dict, attend: int, la
         warnings.warn(f"the T > 0 acceptance test did not compile; captured uncompiled: {e}")
         b.capture.accept_sampled, b.capture.sampled_uncompiled = engine.sampled_acceptance(b), True
         graphs["accept_sampled"] = _captured(b, accept)
-    b.graphs[graph_name("accept_sampled", attend, lane, engine.max_context)] = graphs["accept_sampled"]
+    b.graphs[graph_name("accept_sampled", attend, replica, engine.max_context)] = graphs["accept_sampled"]
 
 
-def graph_name(name: str, attend: int, lane: int, max_context: int) -> str:
+def graph_name(name: str, attend: int, replica: int, max_context: int) -> str:
     """A step graph's name in StepBuffers.graphs: "step", "step@512", "step_sampled@1024.1", ..."""
-    return name + ("" if attend == max_context else f"@{attend}") + ("" if lane == 0 else f".{lane}")
+    return name + ("" if attend == max_context else f"@{attend}") + ("" if replica == 0 else f".{replica}")
 
 
 def restore(b: StepBuffers) -> None:

@@ -9,7 +9,7 @@ propose -> verify -> accept -> account:
 3. accept: the acceptance test on the device (demo/accept.py), which stages the next step and packs
    the result; rejected positions stay in the caches and are overwritten later;
 4. account: one device-to-host read of the packed step result (demo/step_result.py), counted by
-   demo/metrics.py. In graph mode the next step is launched before this read (``Lane``), so the
+   demo/metrics.py. In graph mode the next step is launched before this read (``Replica``), so the
    host's accounting and the event's consumer overlap the device's next step.
 
 Every per-step tensor lives in a persistent buffer, so the same step functions run eagerly or replay
@@ -173,15 +173,15 @@ class Engine:
             # a step attends over at least one prompt token, the token before it and its own rows:
             # a smaller bucket is never chosen, and its capture would write past its cache views
             least = shape.width + 2
-            missing = [a for a in self.attend_buckets() if least <= a <= reach and a not in b.lanes]
+            missing = [a for a in self.attend_buckets() if least <= a <= reach and a not in b.replicas]
             start = time.perf_counter()
             if missing:
                 capture_steps(self, b, missing)
             if (sampled or shape.sampled) and b.capture is not None and not b.capture.sampled:
                 b.capture.sampled = True
-                for attend, lanes in b.lanes.items():
-                    for i, lane in enumerate(lanes):
-                        capture_accept_sampled(self, b, lane.graphs, attend, i)
+                for attend, replicas in b.replicas.items():
+                    for i, replica in enumerate(replicas):
+                        capture_accept_sampled(self, b, replica.graphs, attend, i)
                 restore(b)
             self.capture_s += time.perf_counter() - start
         return b
@@ -379,7 +379,7 @@ class Engine:
         generated = 1
         step = 0
         accept = self.acceptance(b)
-        lane, ahead = 0, False  # graph mode: the lane of the next step; whether it is already launched
+        replica, ahead = 0, False  # graph mode: the replica of the next step; whether it is already launched
         # the slots a step attends over are bounded before the step before it is read (the step runs
         # ahead in graph mode), so eager bounds them the same way: from the previous step's start plus
         # the most it can emit; step 1 knows its start
@@ -388,16 +388,17 @@ class Engine:
             step += 1
             attend = self.attended(len(prompt_ids) + previous + reach + 1 + shape.width)
             previous = generated
-            if b.lanes:
+            if b.replicas:
                 if not ahead:
-                    self._launch(b, b.lanes[attend][lane], params, generator)
-                current, lane = b.lanes[attend][lane], 1 - lane
+                    self._launch(b, b.replicas[attend][replica], params, generator)
+                current, replica = b.replicas[attend][replica], 1 - replica
                 # run the next step ahead, unless this one may end on the budget (then the next one
                 # might not fit the context); a step ending on a stop token wastes the one ahead
                 ahead = generated + reach + 1 < gen.max_new_tokens
                 if ahead:
-                    ahead_lane = b.lanes[self.attended(len(prompt_ids) + generated + reach + 1 + shape.width)][lane]
-                    self._launch(b, ahead_lane, params, generator)
+                    attend_ahead = self.attended(len(prompt_ids) + generated + reach + 1 + shape.width)
+                    ahead_replica = b.replicas[attend_ahead][replica]
+                    self._launch(b, ahead_replica, params, generator)
                 current.copied.synchronize()  # the one device-to-host sync of this step
                 packed = current.host.tolist()
                 draft_ms, verify_ms = current.marks[0].elapsed_time(current.marks[1]), \
@@ -423,13 +424,13 @@ class Engine:
             generated += len(emitted)
             done = reason is not None
             if done and ahead:  # the step run ahead was wasted: this generation pays for it
-                ahead_lane.copied.synchronize()
+                ahead_replica.copied.synchronize()
             stats.observe_step(len(emitted), draft_ms, verify_ms, kept)
             # graph mode runs the next step while the consumer holds this one: the wall clock without
             # the consumer's time can be shorter than the step's own device time, which is the least
             # a step costs (a slow consumer, such as a page drawing each step, must not speed it up)
             wall = time.perf_counter() - clock
-            stats.elapsed_s += max(wall, (draft_ms + verify_ms) / 1e3) if b.lanes else wall
+            stats.elapsed_s += max(wall, (draft_ms + verify_ms) / 1e3) if b.replicas else wall
             end = tree.path[n - 1] if n else 0  # the deepest accepted node: were any of its children rejected?
             resampled = not params.greedy and end in tree.parents and len(emitted) == n + 1
             yield StepEvent(step, tree.tokens, n, emitted, probs[: len(emitted)], resampled, draft_ms, verify_ms,
@@ -447,22 +448,22 @@ class Engine:
             b.tree.uniforms.uniform_(generator=generator)
         b.draws.draw_(generator)
 
-    def _launch(self, b: StepBuffers, lane, params: SamplingParams, generator) -> None:
-        """Queue one whole step on a lane (graph mode), without waiting: the step's draws, its graph
+    def _launch(self, b: StepBuffers, replica, params: SamplingParams, generator) -> None:
+        """Queue one whole step on a replica (graph mode), without waiting: the step's draws, its graph
         (at T > 0 the step's, then its acceptance test's; eagerly at top-p < 1: CapturedSampling),
-        and the copy of the packed result to the lane's pinned host buffer."""
+        and the copy of the packed result to the replica's pinned host buffer."""
         self._draw(b, params, generator)
         if params.greedy:
-            lane.graphs["step"]()
+            replica.graphs["step"]()
         else:
-            logits, features = lane.graphs["step_sampled"]()
+            logits, features = replica.graphs["step_sampled"]()
             if params.top_p < 1.0:
                 self.acceptance(b)(b, logits, features, params)
             else:
-                lane.graphs["accept_sampled"]()
-        lane.end.record()
-        lane.host.copy_(b.result, non_blocking=True)
-        lane.copied.record()
+                replica.graphs["accept_sampled"]()
+        replica.end.record()
+        replica.host.copy_(b.result, non_blocking=True)
+        replica.copied.record()
 
     def _prefill(self, b: StepBuffers, prompt_ids: list[int], params: SamplingParams, generator):
         """Fill the caches with the prompt; stage the first step. Returns (token, its probability, the

@@ -58,7 +58,7 @@ class StepBuffers:
     history: torch.Tensor | None = None
     draft: object | None = None  # the proposer's own persistent tensors (Proposer.allocate), None: none
     tree: TreeBuffers | None = None
-    lanes: dict = field(default_factory=dict)  # graph mode: attend bucket -> its two alternating steps [Lane]
+    replicas: dict = field(default_factory=dict)  # graph mode: attend bucket -> its two alternating steps [Replica]
     graphs: dict = field(default_factory=dict)  # name -> CapturedStep
     capture: object | None = None  # graph mode: what later captures of more buckets reuse (CaptureState)
 

@@ -22,7 +22,7 @@ from demo.methods import REGISTRY
 from demo.proposers import NgramProposer, proposer_for
 from demo.proposers.ngram import copy_source
 from demo.target import Target
-from tests.engine.test_engine_lanes import StandInEvent, StandInGraph
+from tests.engine.test_engine_replicas import StandInEvent, StandInGraph
 from tests.tiny import hf_greedy, run, tiny_drafter, tiny_hf
 
 PROMPT = [5, 9, 3, 7, 5, 9, 3, 7, 5, 9, 3, 7, 11, 5, 9]  # repeats itself: a lookup has something to copy
@@ -41,7 +41,7 @@ def shapes(method: str) -> list[TreeShape | None]:
 @pytest.fixture
 def graph_mode(monkeypatch):
     """Engines whose prepare() captures every step into CPU stand-ins of CUDA graphs (as
-    tests/engine/test_engine_lanes.py's): graph mode's capture, lanes and run-ahead, on a CPU."""
+    tests/engine/test_engine_replicas.py's): graph mode's capture, replicas and run-ahead, on a CPU."""
     monkeypatch.setattr(capture_module, "CapturedStep", StandInGraph)
     monkeypatch.setattr(torch.cuda, "Event", StandInEvent)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)

@@ -20,7 +20,7 @@ from tests.tiny import tiny_drafter, tiny_hf
 
 pytestmark = pytest.mark.cuda
 
-STEP_GRAPHS = {"step", "step_sampled", "step.1", "step_sampled.1"}  # two lanes (demo.engine.Lane); T > 0 adds accept_sampled
+STEP_GRAPHS = {"step", "step_sampled", "step.1", "step_sampled.1"}  # two replicas (demo.capture.Replica)
 
 SHAPES = [(1, None), (4, None), (4, TreeShape(1, 0)), (3, TreeShape(3, 10)), (5, TreeShape(4, 20))]
 CASES = [(m, k, t) for m in ("none", "eagle", "eagle3", "oracle") for k, t in SHAPES if m != "none" or t is None] + \
@@ -78,7 +78,7 @@ def test_every_tree_step_function_is_captured_before_generation():
     gen = GenerationConfig(max_new_tokens=20, num_spec_tokens=3, tree=TreeShape(4, 12), stop_token_ids=())
     buffers = engine.prepare(gen.draft_shape(3))
     prefills = {f"prefill{size}" for size in engine.prefill_buckets()}
-    assert set(buffers.graphs) == STEP_GRAPHS | prefills  # a whole step is one graph (one per lane)
+    assert set(buffers.graphs) == STEP_GRAPHS | prefills  # a whole step is one graph (one per replica)
     steps = len(list(engine.generate(PROMPT, gen))) - 1
     replays = {name: step.replays for name, step in buffers.graphs.items() if step.replays}
     assert replays == {"step": (steps + 1) // 2, "step.1": steps // 2, f"prefill{engine.prefill_bucket(len(PROMPT))}": 1}
@@ -214,9 +214,9 @@ def test_a_shape_a_short_reply_captured_in_part_is_completed_outside_inference_m
     engine = Engine(target, drafter, mode="cudagraph", max_context=256)
     reply_tokens(engine, PROMPT, max_new_tokens=8, **gen)
     shape = GenerationConfig(**gen).draft_shape(3)
-    assert max(engine.prepare(shape, 8).lanes) < 256  # the short reply left the largest bucket uncaptured
+    assert max(engine.prepare(shape, 8).replicas) < 256  # the short reply left the largest bucket uncaptured
     buffers = engine.prepare(shape)  # as the app does, outside inference mode
-    assert all(len(lanes) == 2 for lanes in buffers.lanes.values()) and max(buffers.lanes) == 256
+    assert all(len(replicas) == 2 for replicas in buffers.replicas.values()) and max(buffers.replicas) == 256
     long = dict(max_new_tokens=200, **gen)
     assert reply_tokens(engine, PROMPT, **long) == reply_tokens(Engine(target, drafter, max_context=256), PROMPT, **long)
 

@@ -105,7 +105,7 @@ def profile_step(engine, prompt_ids: list[int], gen, repeats: int = 10, listed: 
     if "step" in b.graphs:  # each replay moves the state on by one step: few repeats, after the phases
         out.attend = engine.attended(engine.last_slot(b) + 1 + repeats * (b.k + 1))  # a bucket that holds every repeat
         out.context = engine.max_context
-        out.step_graph_ms = replay_ms(b.lanes[out.attend][0].graphs["step"], repeats)
+        out.step_graph_ms = replay_ms(b.replicas[out.attend][0].graphs["step"], repeats)
         if out.attend != out.context:
             out.whole_context_step_ms = replay_ms(b.graphs["step"], repeats)
     prefill = b.graphs.get(f"prefill{out.prefill_rows}")

@@ -1,8 +1,8 @@
-"""Graph mode's run-ahead (demo/engine.py Lane): step s + 1 is launched before step s is read.
+"""Graph mode's run-ahead (demo/engine.py Replica): step s + 1 is launched before step s is read.
 
 No GPU here, so the graphs, events and pinned copies are stood in for by synchronous CPU ones: a
 "replay" runs the step function at once, so launching s + 1 really does overwrite every device
-buffer before s is read. What the stand-in proves is the order: step s is read from its own lane's
+buffer before s is read. What the stand-in proves is the order: step s is read from its own replica's
 copy, the generator's draws come in eager's order, a step that may end on the budget is never run
 ahead (past the context a slot index fails at once on a CPU), and a step run ahead of a stop token
 is wasted but changes nothing. tests/gpu/test_graph_mode_gpu.py checks the same on a GPU with real graphs."""
@@ -80,13 +80,13 @@ def test_running_the_next_step_ahead_gives_eagers_tokens(graph_mode, tree, rule)
     engine = graph_mode(target, drafter, max_context=128)
     ahead, events = _run(engine, gen)
     assert ahead == eager
-    (lanes,) = engine.prepare(gen.draft_shape(3)).lanes.values()  # one attend bucket: the context
+    (replicas,) = engine.prepare(gen.draft_shape(3)).replicas.values()  # one attend bucket: the context
     name = "step" if rule == "greedy" else "step_sampled"
-    replays = [lane.graphs[name].replays for lane in lanes]
-    assert replays[0] >= 1 and replays[1] >= 1  # the steps alternated between the lanes
+    replays = [replica.graphs[name].replays for replica in replicas]
+    assert replays[0] >= 1 and replays[1] >= 1  # the steps alternated between the replicas
     assert sum(replays) == len(events) - 1  # no stop token: no step was wasted
     if rule != "greedy":  # at T > 0 the acceptance test is captured too, and ran after each step
-        assert [lane.graphs["accept_sampled"].replays for lane in lanes] == replays
+        assert [replica.graphs["accept_sampled"].replays for replica in replicas] == replays
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
@@ -99,9 +99,9 @@ def test_below_top_p_one_the_acceptance_test_runs_eagerly_after_the_captured_ste
     engine = graph_mode(target, drafter, max_context=128)
     ahead, events = _run(engine, gen)
     assert ahead == eager
-    (lanes,) = engine.prepare(gen.draft_shape(3)).lanes.values()
-    assert sum(lane.graphs["step_sampled"].replays for lane in lanes) == len(events) - 1
-    assert all(lane.graphs["accept_sampled"].replays == 0 for lane in lanes)
+    (replicas,) = engine.prepare(gen.draft_shape(3)).replicas.values()
+    assert sum(replica.graphs["step_sampled"].replays for replica in replicas) == len(events) - 1
+    assert all(replica.graphs["accept_sampled"].replays == 0 for replica in replicas)
 
 
 @pytest.mark.parametrize("tree", [None, TreeShape(2, 6)], ids=["chain", "tree"])
@@ -117,8 +117,8 @@ def test_a_step_run_ahead_of_a_stop_is_wasted_and_one_that_could_pass_the_contex
     engine = graph_mode(target, drafter, max_context=context)
     stopped, events = _run(engine, stop)
     assert stopped == free[:end + 1]
-    (lanes,) = engine.prepare(stop.draft_shape(k)).lanes.values()
-    assert sum(lane.graphs["step"].replays for lane in lanes) == len(events) - 1 + 1  # one step wasted
+    (replicas,) = engine.prepare(stop.draft_shape(k)).replicas.values()
+    assert sum(replica.graphs["step"].replays for replica in replicas) == len(events) - 1 + 1  # one step wasted
     assert _run(engine, fill)[0] == free  # the budget fills the context exactly: nothing ran past it
 
 
@@ -138,8 +138,8 @@ def test_each_step_runs_on_an_attend_bucket_that_holds_it_and_gives_eagers_token
     assert engine.attend_buckets() == [16, 32, 64, 128]
     ahead, events = _run(engine, gen)
     assert ahead == eager
-    lanes = engine.prepare(gen.draft_shape(3)).lanes
-    replays = {a: sum(lane.graphs["step"].replays for lane in pair) for a, pair in lanes.items()}
+    replicas = engine.prepare(gen.draft_shape(3)).replicas
+    replays = {a: sum(replica.graphs["step"].replays for replica in pair) for a, pair in replicas.items()}
     assert sum(replays.values()) == len(events) - 1
     assert all(replays.values())
 
@@ -177,7 +177,7 @@ def test_a_generation_captures_the_attend_buckets_it_can_reach_before_it_starts(
     short = GenerationConfig(max_new_tokens=4, num_spec_tokens=3, stop_token_ids=())  # 7 + 4 + 4 (+ 3) slots
     assert _run(engine, short)[0] == _run(Engine(target, drafter, max_context=128), short)[0]
     buffers = engine.prepare(short.draft_shape(3), used=1)
-    assert sorted(buffers.lanes) == [16, 32]
+    assert sorted(buffers.replicas) == [16, 32]
     order = []
     for owner, name in ((engine_module, "capture_steps"), (Engine, "_prefill"), (Engine, "_launch")):
         def recorded(self, *args, name=name, real=getattr(owner, name)):  # capture_steps takes the engine first
@@ -188,7 +188,7 @@ def test_a_generation_captures_the_attend_buckets_it_can_reach_before_it_starts(
     long = GenerationConfig(max_new_tokens=100, num_spec_tokens=3, stop_token_ids=())
     eager = _run(Engine(target, drafter, max_context=128), long)[0]
     assert _run(engine, long)[0] == eager
-    assert sorted(buffers.lanes) == [16, 32, 64, 128]
+    assert sorted(buffers.replicas) == [16, 32, 64, 128]
     assert order[0] == "capture_steps" and order.index("_prefill") == order.count("capture_steps")  # all before the prefill
 
 
@@ -206,7 +206,7 @@ def test_no_bucket_narrower_than_a_step_is_captured_and_a_wide_tree_gives_eagers
     eager, _ = _run(Engine(target, drafter, max_context=128), gen)
     engine = graph_mode(target, drafter, max_context=128)
     assert _run(engine, gen)[0] == eager
-    assert sorted(engine.prepare(shape).lanes) == [32, 64, 128]
+    assert sorted(engine.prepare(shape).replicas) == [32, 64, 128]
 
 
 def test_a_t_above_zero_acceptance_test_that_fails_to_compile_is_captured_uncompiled(graph_mode, monkeypatch):
@@ -232,8 +232,8 @@ def test_a_t_above_zero_acceptance_test_that_fails_to_compile_is_captured_uncomp
     assert ahead == eager and len(compiled) == 2
     b = engine.prepare(3)
     assert b.capture.sampled_uncompiled
-    (lanes,) = b.lanes.values()
-    assert sum(lane.graphs["accept_sampled"].replays for lane in lanes) == len(events) - 1
+    (replicas,) = b.replicas.values()
+    assert sum(replica.graphs["accept_sampled"].replays for replica in replicas) == len(events) - 1
 
 
 def test_the_t_above_zero_acceptance_test_is_captured_once_a_sampled_generation_asks_for_it(graph_mode, monkeypatch):
@@ -244,13 +244,13 @@ def test_the_t_above_zero_acceptance_test_is_captured_once_a_sampled_generation_
     greedy = GenerationConfig(max_new_tokens=30, num_spec_tokens=3, stop_token_ids=())
     _run(engine, greedy)
     b = engine.prepare(3)
-    assert b.lanes and not any("accept_sampled" in lane.graphs for pair in b.lanes.values() for lane in pair)
+    assert b.replicas and not any("accept_sampled" in r.graphs for pair in b.replicas.values() for r in pair)
     sampled = GenerationConfig(**{**greedy.__dict__, "temperature": 0.9, "seed": 2, "max_new_tokens": 90,
                                   "draft_sampling": "pointmass"})
     eager, _ = _run(Engine(target, drafter, max_context=128), sampled)
     tokens, _ = _run(engine, sampled)
     assert tokens == eager  # the buckets captured before and after it asked all test at T > 0 in their graph
-    lanes = [lane for pair in engine.prepare(3).lanes.values() for lane in pair]
-    assert len(lanes) == 2 * len(engine.attend_buckets()) and all("accept_sampled" in lane.graphs for lane in lanes)
-    assert sum(lane.graphs["accept_sampled"].replays for lane in lanes) == sum(
-        lane.graphs["step_sampled"].replays for lane in lanes) > 0
+    replicas = [replica for pair in engine.prepare(3).replicas.values() for replica in pair]
+    assert len(replicas) == 2 * len(engine.attend_buckets()) and all("accept_sampled" in r.graphs for r in replicas)
+    assert sum(replica.graphs["accept_sampled"].replays for replica in replicas) == sum(
+        replica.graphs["step_sampled"].replays for replica in replicas) > 0
