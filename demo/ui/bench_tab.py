@@ -6,7 +6,7 @@ a CSV download.
 A layout builder that returns the components (``build_bench_tab``), then one function that
 registers the tab's listeners (``register``).
 The plan, its checks and its run are demo/bench/plan.py's; the chart demo/ui/bench_figures.py's; the
-CSV demo/service/export.py's; the public work budget demo/service/hosting.py's. In local mode the
+CSV demo/service/records.py's; the public work budget demo/service/hosting.py's. In local mode the
 capture lab's fault switch (demo/bench/faults.py) adds captured runs of the chains, each held to eager's
 counts by the parity check, and their panel (demo/ui/html/lab.py); a public app builds neither. A run
 holds the engine like a chat reply (the same concurrency group) and stops between two prompts when the
@@ -41,7 +41,7 @@ from demo.models.prompts import PromptFileError, questions_from_upload, read_que
 from demo.service import zerogpu
 from demo.service.downloads import write_download
 from demo.service.engine_thread import on_engine_thread
-from demo.service.export import bench_csv
+from demo.service.records import bench_csv
 from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
 from demo.service.request import RequestError

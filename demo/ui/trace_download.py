@@ -1,5 +1,5 @@
 """The chat page's "Download trace (JSON)" button: after every reply (finished or stopped), the
-latest run's trace as a file (demo/service/export.py's trace_json), with the versions and device that made it.
+latest run's trace as a file (demo/service/records.py's trace_json), with the versions and device that made it.
 A layout builder and a function that registers its listeners."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import gradio as gr
 
 from demo.service.chat import ChatState
 from demo.service.downloads import write_download
-from demo.service.export import environment, trace_json
+from demo.service.records import environment, trace_json
 from demo.service.model_cache import ModelCache
 from demo.service.session import Session, shown_session
 from demo.ui.events import PRIVATE

@@ -12,7 +12,7 @@ import pytest
 
 from demo.bench.plan import BenchPlan, default_tree_draft, run_plan, summary_rows
 from demo.engine import Engine
-from demo.service.export import bench_csv
+from demo.service.records import bench_csv
 from demo.service.request import RequestError
 from demo.ui.bench_figures import bench_figure
 from tests.tiny_chat import feature_session

@@ -1,4 +1,4 @@
-"""Keeping what was measured (demo/service/export.py): a generation's trace as JSON holds every step as it
+"""Keeping what was measured (demo/service/records.py): a generation's trace as JSON holds every step as it
 happened and reads back unchanged; a benchmark's CSV holds every row. Generations run on the tiny
 predictable chat model (tests/tiny_chat.py: the target says "a", EAGLE-1 drafts "a")."""
 
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from demo.service.export import bench_csv, environment, trace_json, trace_record
+from demo.service.records import bench_csv, environment, trace_json, trace_record
 from demo.service.request import Request
 from demo.ui.trace_download import trace_file
 from tests.tiny_chat import tiny_session
