@@ -97,7 +97,11 @@ def test_no_route_runs_a_generation_beside_a_queued_one(served, slow_steps):
         try:
             with httpx.Client() as http:
                 for _ in range(2):
-                    assert generate(http, url, client(1), prompt=VICTIM, max_new_tokens=24)["text"] == alone
+                    reply = generate(http, url, client(1), prompt=VICTIM, max_new_tokens=24)
+                    if reply.get("finish_reason") == "time":  # a public app's time limit on a loaded machine:
+                        assert alone.startswith(reply["text"])  # the start of the same text, never another's
+                    else:
+                        assert reply["text"] == alone, reply.get("finish_reason")
         finally:
             stop.set()
             for a in attacks:
