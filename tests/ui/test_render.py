@@ -205,6 +205,19 @@ def test_draft_positions_are_numbered_1_to_k_in_the_stats_charts_and_explainer()
         assert not re.search(r"token 0|token i\b|i\s*\+\s*1|each draft position", words), words
 
 
+def test_the_explainer_names_the_stats_panels_terms_and_keeps_tokens_per_call_apart_from_acceptance_length():
+    """A learner meets "draft 1 after a full · a rejected step" and "drafts over N of M tokens" in the
+    stats panel: the explainer says what they are. Tokens per target call is not the mean acceptance
+    length (2.48 against 2.50 on one page), and the latter bounds the speedup only if verification
+    were as cheap as decoding one token too, not merely drafting free."""
+    explainer = (Path(__file__).parents[2] / "assets" / "explainer.md").read_text().lower()
+    for term in ("tokens per target call", "mean acceptance length", "draft 1 after a full · a rejected step",
+                 "drafts over n of m tokens"):
+        assert term in explainer, term
+    assert "tokens per target call (the mean acceptance length)" not in explainer
+    assert "if drafting were free" not in explainer and "cost what decoding 1 does" in explainer
+
+
 def test_comparison_reports_speedup_and_identity():
     assert "✓" in render_comparison(2.0, 20.0, 10.0, True, None) and "2.00×" in render_comparison(2.0, 20, 10, True, None)
     assert "token 7" in render_comparison(1.1, 11, 10, False, 7)
