@@ -283,7 +283,9 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
         progress(0.0, desc="warming up")
+        # the last run's results go as this one starts: a Stop leaves nothing on the page from another run
         yield {b.status: status_html(f"warming up: {len(plan.configs())} configuration(s) on {len(chosen)} prompts…"),
+               b.summary: None, b.categories: None, b.chart: bench_figure([]), b.report: "",
                b.csv: gr.DownloadButton(value=None, interactive=False), **({b.lab: ""} if b.lab is not None else {})}
         for step in on_engine_thread(run_plan(session, plan, chosen, source, hosting.time_limit())):
             progress(step.fraction, desc=step.what)
@@ -326,7 +328,7 @@ def register(b: BenchControls, model: gr.State, cache: ModelCache, hosting: Host
         return work_note(plan, len(questions), hosting.bench_budget(session.device))
 
     def bench_stopped():
-        return status_html("stopped", "done")
+        return status_html("stopped before the run ended: a run shows its tables and chart when it ends", "done")
 
     def models_changed(name):
         """The visitor chose other models in the Chat tab: what this tab offers follows them."""

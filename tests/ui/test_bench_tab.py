@@ -109,3 +109,18 @@ def test_an_uploaded_file_that_is_not_mt_bench_jsonl_is_refused_in_one_line(publ
         assert out["error"].startswith("mine.jsonl, line 2: not JSON") and "\n" not in out["error"]
         described = ui_event(http, url, demo, "describe_prompts", "bench-c", client(3), {"sl-bench-file": upload})
         assert "mine.jsonl, line 2: not JSON" in described["sl-bench-prompts"]
+
+
+def test_a_new_run_clears_the_last_runs_results_as_it_starts(public_app):
+    """A run's first update empties the tables, the chart and the report, so a Stop pressed before it
+    ends never leaves another run's results on the page as if they were this one's (the status says
+    why the page is empty)."""
+    demo, _ = public_app
+    fn = next(f for f in demo.fns.values() if f.name == "run_benchmark")
+    data = [SMALL.get(block.elem_id, block.value) for block in fn.inputs]
+    first = {block.elem_id: value for block, value in next(iter(fn.fn(*data))).items()}
+    assert "warming up" in first["sl-bench-status"]
+    assert first["sl-bench-summary"] is None and first["sl-bench-categories"] is None
+    assert first["sl-bench-report"] == "" and not first["sl-bench-chart"].data  # an empty chart
+    stopped = next(f for f in demo.fns.values() if f.name == "bench_stopped").fn()
+    assert "a run shows its tables and chart when it ends" in stopped
