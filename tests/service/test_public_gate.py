@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 import demo.service.hosting as hosting_module
-from demo.engine import Engine
 from demo.service.hosting import ENGINE_HOLD_S, SESSION_CAPACITY, Hosting
 from demo.service.public_gate import (
     BUSY,
@@ -53,20 +52,7 @@ def held(monkeypatch):
     opened.set()
 
 
-@pytest.fixture
-def slow_steps(monkeypatch):
-    """Every engine step takes STEP_S more wall time, as a real model's would on 2 cores."""
-    original = Engine.generate
-
-    def slow(self, prompt_ids, gen):
-        for event in original(self, prompt_ids, gen):
-            yield event
-            time.sleep(STEP_S)
-
-    monkeypatch.setattr(Engine, "generate", slow)
-
-
-STEP_S = 0.05
+STEP_S = 0.05  # the slow_steps fixture (conftest.py): seconds added to every engine step
 
 
 def short_reply(http, url, n: int) -> dict:

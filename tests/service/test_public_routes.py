@@ -20,14 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from demo.engine import Engine
 from demo.service.hosting import Hosting
 from demo.service.public_gate import DIRECT_CLOSED, TOO_FAST
 from demo.views import build_demo
 from tests.service.http_app import chat_turn, client, direct, events, generate, serve, ui_event
 from tests.tiny_chat import tiny_session
 
-STEP_S = 0.02
+STEP_S = 0.02  # the slow_steps fixture (conftest.py): seconds added to every engine step
 VICTIM, ATTACKER = "Write a short story about a cat who learns to swim.", "Tell me about dogs."
 PAGE = {"sl-max-new": 8, "sl-shape": "chain", "sl-method": "eagle"}
 
@@ -51,18 +50,6 @@ def served(request):
     yield demo, url, public
     demo.close()
     mp.undo()
-
-
-@pytest.fixture
-def slow_steps(monkeypatch):
-    original = Engine.generate
-
-    def slow(self, prompt_ids, gen):
-        for event in original(self, prompt_ids, gen):
-            yield event
-            time.sleep(STEP_S)
-
-    monkeypatch.setattr(Engine, "generate", slow)
 
 
 def generate_data(prompt: str, max_new_tokens: int = 24) -> list:
