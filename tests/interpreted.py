@@ -6,7 +6,8 @@ matrix instructions give. numpy's OpenBLAS picks its matmul kernel for the CPU i
 OPENBLAS_CORETYPE says (this workplace's machines set Haswell), and its Haswell kernel computes the
 rows of a 16-row tile in two groups that round apart (rows 0-5 and 6-15), so a row's bits would
 follow its place in the tile. The process pins OpenBLAS to its plain SSE kernel (Prescott, on every
-x86-64), which computes every row alike."""
+x86-64), which computes every row alike, on one thread (as torch's own CPU ops: a process's bits never
+follow how a loaded machine schedules its threads), with a fixed hash seed."""
 
 import os
 import subprocess
@@ -14,8 +15,8 @@ import sys
 
 
 def interpreter_env() -> dict:
-    return dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd(),
-                OPENBLAS_CORETYPE="Prescott")
+    return dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.getcwd(), OPENBLAS_CORETYPE="Prescott",
+                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
 
 
 def run_interpreted(code: str, expect: str = "checked", timeout: int = 900) -> str:
