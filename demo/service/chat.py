@@ -185,8 +185,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 class Comparison:
     """Speculative run vs the same prompt target-only, in the same mode, both timed with nothing drawn
     between their steps (demo/service/session.py). Speeds are tokens per second of engine time
-    (AcceptanceStats.elapsed_s: prefill and steps), the medians over the rounds timed; `speedups`
-    holds each round's ratio, so the page shows their range."""
+    (AcceptanceStats.elapsed_s: prefill and steps), those of the round whose speedup is the median;
+    `speedups` holds each round's ratio, so the page shows their range."""
 
     speculative_tokens_per_s: float
     baseline_tokens_per_s: float
@@ -203,16 +203,17 @@ class Comparison:
     speedups: list[float] = field(default_factory=list)  # each timed round's speculative / target-only tokens/s
     speculative: Turn | None = None  # the speculative run timed (the race's first lane) ...
     speculative_trace: RunTrace | None = None  # ... and its steps and engine times
+    round_s: float = 0.0  # the wall time of one round (both runs): what timing it again would cost
 
     @classmethod
     def of(cls, speculative: RunTrace, baseline: RunTrace, greedy: bool, identical: bool | None,
            first_difference: int | None, baseline_reply: Turn, reference_width: int = 1,
            one_row_difference: int | None = None, speedups: list[float] | None = None,
-           speculative_reply: Turn | None = None) -> "Comparison":
+           speculative_reply: Turn | None = None, round_s: float = 0.0) -> "Comparison":
         """The comparison of two recorded runs, by their engine time."""
         return cls(speculative.stats.tokens_per_s, baseline.stats.tokens_per_s, greedy, identical, first_difference,
                    baseline_reply.text, baseline_reply, baseline, reference_width, one_row_difference,
-                   list(speedups or []), speculative_reply, speculative)
+                   list(speedups or []), speculative_reply, speculative, round_s)
 
     @property
     def speedup(self) -> float:

@@ -102,8 +102,9 @@ def acceptance_length_figure(points: list[StepPoint]) -> go.Figure:
     return _empty_note(fig, steps, "target only: no drafts" if points else "no steps yet")
 
 
-def latency_figure(points: list[StepPoint]) -> go.Figure:
-    """Stacked bars: draft ms and verify ms of each step."""
+def latency_figure(points: list[StepPoint], timed_ms: float | None = None) -> go.Figure:
+    """Stacked bars: draft ms and verify ms of each step; `timed_ms`: the comparison's timed run's mean
+    step (draft + verify, nothing drawn between steps), a dashed line over the streamed bars."""
     steps = [p.step for p in points]
     fig = go.Figure([
         go.Bar(x=steps, y=[p.draft_ms for p in points], name="draft", marker_color=DRAFT_COLOR,
@@ -111,13 +112,19 @@ def latency_figure(points: list[StepPoint]) -> go.Figure:
         go.Bar(x=steps, y=[p.verify_ms for p in points], name="verify", marker_color=VERIFY_COLOR,
                hovertemplate="verify %{y:.1f} ms<extra></extra>"),
     ])
-    _layout(fig, "Draft and verify time per step", "step", "ms", barmode="stack")
+    if timed_ms is not None and steps:
+        fig.add_trace(go.Scatter(x=[steps[0], steps[-1]], y=[timed_ms, timed_ms], mode="lines", name="timed run's mean",
+                                 line=dict(color=RUNNING_COLOR, dash="dash", width=2),
+                                 hovertemplate="timed, nothing drawn: %{y:.1f} ms a step<extra></extra>"))
+    _layout(fig, "Draft and verify time per step" + (", as streamed" if timed_ms is not None else ""), "step", "ms",
+            barmode="stack")
     _step_ticks(fig, steps)
     return _empty_note(fig, steps)
 
 
-def throughput_figure(points: list[StepPoint]) -> go.Figure:
-    """Running tokens/s over engine time, with each step's own rate as dots."""
+def throughput_figure(points: list[StepPoint], timed_tps: float | None = None) -> go.Figure:
+    """Running tokens/s over engine time, with each step's own rate as dots; `timed_tps`: the
+    comparison's timed run's tokens/s (nothing drawn between steps), a dashed line."""
     t = [p.elapsed_s for p in points]
     per_step = [p.num_emitted / ((p.draft_ms + p.verify_ms) / 1e3) if p.draft_ms + p.verify_ms > 0 else 0.0
                 for p in points]
@@ -127,7 +134,12 @@ def throughput_figure(points: list[StepPoint]) -> go.Figure:
         go.Scatter(x=t, y=[p.tokens_per_s for p in points], name="running", mode="lines",
                    line=dict(color=RUNNING_COLOR, width=2), hovertemplate="so far: %{y:.1f} tok/s<extra></extra>"),
     ])
-    _layout(fig, "Tokens per second", "engine time (s)", "tokens/s")
+    if timed_tps is not None and t:
+        fig.add_trace(go.Scatter(x=[t[0], t[-1]], y=[timed_tps, timed_tps], mode="lines", name="timed run",
+                                 line=dict(color=DRAFT_COLOR, dash="dash", width=2),
+                                 hovertemplate="timed, nothing drawn: %{y:.1f} tok/s<extra></extra>"))
+    _layout(fig, "Tokens per second" + (", as streamed" if timed_tps is not None else ""), "engine time (s)",
+            "tokens/s")
     fig.update_yaxes(rangemode="tozero")
     return _empty_note(fig, t)
 

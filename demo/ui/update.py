@@ -26,12 +26,21 @@ def conversation_html(session: Session, chat: ChatState) -> str:
     return render_chat(chat, rejected_texts(chat.trace, session.draft_texts))
 
 
-def figures_of(trace: RunTrace | None, k: int = 3) -> list:
-    """The four charts of a run (empty ones before the first)."""
+def figures_of(trace: RunTrace | None, k: int = 3, timed: RunTrace | None = None) -> list:
+    """The four charts of a run (empty ones before the first); `timed`: the comparison's timed run of
+    the same reply, whose step times and speed the two time charts name beside the streamed run's."""
     stats = trace.stats if trace else AcceptanceStats(k)
     points = trace.points if trace else []
-    return [acceptance_figure(stats), acceptance_length_figure(points), latency_figure(points),
-            throughput_figure(points)]
+    t = timed.stats if timed and timed.stats.num_steps else None
+    return [acceptance_figure(stats), acceptance_length_figure(points),
+            latency_figure(points, t.mean_draft_ms + t.mean_verify_ms if t else None),
+            throughput_figure(points, t.tokens_per_s if t else None)]
+
+
+def timed_run(chat: ChatState) -> RunTrace | None:
+    """The comparison's timed run of the reply shown (nothing drawn between its steps), if there is one."""
+    cmp = chat.comparison
+    return cmp.speculative_trace if cmp and chat.trace and chat.trace.method != "none" else None
 
 
 def tree_view(session: Session, trace: RunTrace | None, step: int | None = None):
@@ -101,8 +110,10 @@ def counted_views(session: Session, chat: ChatState) -> dict:
     """The headline and the stats: the views that count the reply's tokens, each saying where the last
     is a stop token the reply does not show."""
     unshown = session.unshown_stop(chat.trace)
+    timed = timed_run(chat)
     return {"headline": render_headline(chat.trace, chat.comparison, unshown),
-            "stats": render_stats(panel_stats(session, chat.trace), DEFINITIONS, unshown)}
+            "stats": render_stats(panel_stats(session, chat.trace), DEFINITIONS, unshown,
+                                  timed.stats.summary() if timed else None)}
 
 
 def chat_view(c: Controls, session: Session, chat: ChatState, figures: bool = True) -> dict:
@@ -112,7 +123,7 @@ def chat_view(c: Controls, session: Session, chat: ChatState, figures: bool = Tr
     out = {c.conversation: conversation_html(session, chat), c.headline: counted["headline"],
            c.guide: guide_html(session, chat.trace), c.stats: counted["stats"]}
     if figures:
-        out.update(zip(c.plots, figures_of(chat.trace)))
+        out.update(zip(c.plots, figures_of(chat.trace, timed=timed_run(chat))))
         out[c.tree] = tree_view(session, chat.trace)
         out[c.tree_step] = tree_step_update(chat.trace)
     return out

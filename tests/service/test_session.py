@@ -201,6 +201,31 @@ def test_compare_with_target_only_at_t0_reports_token_identical(session):
     assert 1 <= len(c.speedups) <= 3 and c.speedup == sorted(c.speedups)[len(c.speedups) // 2]
 
 
+@pytest.mark.parametrize("budget_s, rounds", [(1e9, 3), (0.0, 1)])
+def test_a_comparison_that_fits_its_budget_is_timed_three_times_and_its_median_round_stands(session, monkeypatch,
+                                                                                             budget_s, rounds):
+    """Three rounds where they fit in COMPARE_BUDGET_S (every other one target-only first, so a drift in
+    the machine's speed falls on both runs alike), else one, with what a round cost; the speeds shown
+    and the race's lanes are the median round's."""
+    import demo.service.session as service
+
+    monkeypatch.setattr(service, "COMPARE_BUDGET_S", budget_s)
+    engine = session.engine("eagle3", "eager")
+    order, generate = [], engine.generate
+
+    def logged(ids, gen):
+        order.append("spec" if gen.num_spec_tokens else "base")
+        return generate(ids, gen)
+
+    monkeypatch.setattr(engine, "generate", logged)
+    final = list(session.generate(Request.of("time me", method="eagle3", max_new_tokens=12, compare=True)))[-1]
+    cmp = final.chat.comparison
+    assert order[1:] == ["spec", "base", "base", "spec", "spec", "base"][:2 * rounds]  # after the streamed reply
+    assert len(cmp.speedups) == rounds and cmp.round_s > 0
+    assert cmp.speedup == sorted(cmp.speedups)[rounds // 2]
+    assert cmp.speculative_tokens_per_s / cmp.baseline_tokens_per_s == pytest.approx(cmp.speedup)
+
+
 def test_compare_does_not_run_for_target_only_and_the_status_says_why(session):
     final = list(session.generate(Request.of("hi", method="none", max_new_tokens=8, compare=True)))[-1]
     assert final.done and final.chat.comparison is None  # no 0.75x "lossless" of the target against itself
@@ -393,12 +418,13 @@ def test_the_speedup_is_timed_on_runs_with_nothing_drawn_between_their_steps(ses
         elif update.status.startswith("comparing"):
             updates_while_timing.append(update)
     chat, cmp = update.chat, update.chat.comparison
-    assert len(updates_while_timing) == 1  # one status line, then nothing until the timings end
+    # a status line as the timing starts and one as each further round does: nothing between steps
+    assert len(updates_while_timing) == len(cmp.speedups)
     spec, base = cmp.speculative_trace.stats, cmp.baseline_trace.stats
     assert cmp.speculative_trace is not chat.trace  # a run of its own, not the streamed one
     assert cmp.speculative_tokens_per_s == spec.num_generated / spec.elapsed_s
     assert cmp.baseline_tokens_per_s == base.num_generated / base.elapsed_s
-    assert cmp.speedups[-1] == pytest.approx(cmp.speculative_tokens_per_s / cmp.baseline_tokens_per_s)
+    assert cmp.speedup == pytest.approx(cmp.speculative_tokens_per_s / cmp.baseline_tokens_per_s)  # the median round
     reply = [p.token_id for p in chat.turns[-1].pieces]
     assert [p.token_id for p in cmp.speculative.pieces] == reply == [p.token_id for p in cmp.baseline.pieces]
 

@@ -57,6 +57,14 @@ def test_a_comparison_gives_the_median_speedup_with_its_range():
     assert "25.0 vs 10.0 tokens/s" in text and "nothing drawn" in text
 
 
+def test_a_reply_timed_once_says_so_and_what_three_timings_would_have_cost():
+    cmp = comparison(speedups=(0.91,))
+    cmp.round_s = 30.0
+    text = text_of(render_headline(run(), cmp))
+    assert "0.91×" in text and "one timing" in text and "about 90 s" in text and "rough" in text
+    assert "over 1 timings" not in text and "median" not in text
+
+
 def test_why_multiplies_tokens_per_call_by_target_only_time_per_token_over_the_step_time():
     cmp = comparison()
     cmp.baseline_trace.stats.verify_ms_total = 6.0 * cmp.baseline_trace.stats.num_steps  # 6 ms a target-only step

@@ -58,3 +58,28 @@ def test_a_reply_whose_every_token_is_shown_has_its_count_stated_plainly(predict
     page = finished(predictable, monkeypatch, ending)  # the budget ends it, or a stop token the text shows
     assert page["conversation"].endswith("eager" + "a" * 6)
     assert all("not shown" not in text for text in page.values()), page
+
+
+def test_after_a_comparison_the_stream_s_speed_and_step_times_are_named_beside_the_timed_run_s(predictable):
+    """The speedup is the timed run's (nothing drawn between its steps); the status, the stats panel
+    and the two time charts, which show the stream slowed by drawing the page, say which is which."""
+    update = list(predictable.generate(Request.of("hi", method="eagle", max_new_tokens=8, compare=True)))[-1]
+    timed = update.chat.comparison.speculative_trace.stats
+    out, _ = streamed(PAGE, predictable, update, None, text=True, figures=True)
+    status, stats = shown(out["status"]).text, shown(out["stats"]).text
+    assert f"as streamed, {timed.tokens_per_s:.1f} timed with nothing drawn" in status, status
+    for value in (timed.tokens_per_s, timed.mean_draft_ms, timed.mean_verify_ms):
+        assert f"streamed · {value:.1f} timed" in stats, stats
+    latency, throughput = out["latency"], out["throughput"]
+    assert "as streamed" in latency.layout.title.text and "as streamed" in throughput.layout.title.text
+    (line,) = [t for t in latency.data if t.name == "timed run's mean"]
+    assert line.y[0] == pytest.approx(timed.mean_draft_ms + timed.mean_verify_ms)
+    (line,) = [t for t in throughput.data if t.name == "timed run"]
+    assert line.y[0] == pytest.approx(timed.tokens_per_s)
+
+
+def test_without_a_comparison_nothing_is_labelled_streamed(predictable):
+    update = list(predictable.generate(Request.of("hi", method="eagle", max_new_tokens=8)))[-1]
+    out, _ = streamed(PAGE, predictable, update, None, text=True, figures=True)
+    assert "streamed" not in shown(out["stats"]).text and "timed" not in shown(out["status"]).text
+    assert len(out["latency"].data) == 2 and "as streamed" not in out["latency"].layout.title.text

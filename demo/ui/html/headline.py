@@ -62,10 +62,15 @@ def why(trace: RunTrace, comparison: Comparison | None = None) -> Why | None:
 
 
 def speedup_range(comparison: Comparison) -> str:
-    """"1.52×", or "1.52× (1.47–1.58 over 3 timings)"."""
+    """"1.52× (median; 1.47–1.58 over 3 timings)", or, for a reply too long to time three times, "1.52×
+    (one timing: ...)" with what more would have cost."""
     text = f"{comparison.speedup:.2f}×"
-    if len(comparison.speedups) > 1:
-        text += f" ({min(comparison.speedups):.2f}–{max(comparison.speedups):.2f} over {len(comparison.speedups)} timings)"
+    n = len(comparison.speedups)
+    if n > 1:
+        text += f" (median; {min(comparison.speedups):.2f}–{max(comparison.speedups):.2f} over {n} timings)"
+    elif n == 1 and comparison.round_s:
+        text += (f" (one timing: three would take about {3 * comparison.round_s:.0f} s; timings vary from run to "
+                 "run, so read it as rough)")
     return text
 
 

@@ -151,10 +151,12 @@ def _row(name: str, value: str, definition: str = "") -> str:
     return f'<tr{tip}><th>{escape(name)}</th><td>{escape(value)}{note}</td></tr>'
 
 
-def render_stats(stats: dict, definitions: dict[str, str], unshown: str = "") -> str:
+def render_stats(stats: dict, definitions: dict[str, str], unshown: str = "", timed: dict | None = None) -> str:
     """The stats panel: AcceptanceStats.summary() numbers plus method, mode, device and dtype, each
     with its one-line definition beside it (and on hover); `unshown`: the clause saying the last token
-    counted is a stop token the reply does not show (Session.unshown_stop)."""
+    counted is a stop token the reply does not show (Session.unshown_stop). `timed`: the summary of
+    the comparison's timed run of the same reply, whose speed and step times stand beside the streamed
+    run's, each named, since drawing the page slows the stream."""
     if "mean_acceptance_length" not in stats:
         return (f'<div class="sl-stats sl-empty">No generation yet. Running on {escape(stats.get("device", "?"))}, '
                 f'{escape(stats.get("dtype", "?"))}.</div>')
@@ -168,9 +170,12 @@ def render_stats(stats: dict, definitions: dict[str, str], unshown: str = "") ->
                                                                        stats["acceptance_at_0_after_rejection"])),
                 d["acceptance_at_0_after"])]
           if stats.get("steps_after_full") or stats.get("steps_after_rejection") else []),
-        _row("tokens/s", f'{stats["tokens_per_s"]:.1f}', d["tokens_per_s"]),
-        _row("draft ms / step", f'{stats["mean_draft_ms"]:.1f}', d["draft_ms"]),
-        _row("verify ms / step", f'{stats["mean_verify_ms"]:.1f}', d["verify_ms"]),
+        *(_row(name, f"{stats[key]:.1f}" + (f" streamed · {timed[key]:.1f} timed" if timed else ""), d[term])
+          for name, key, term in (("tokens/s", "tokens_per_s", "tokens_per_s"),
+                                  ("draft ms / step", "mean_draft_ms", "draft_ms"),
+                                  ("verify ms / step", "mean_verify_ms", "verify_ms"))),
+        *([_row("streamed · timed", "the reply as it streamed, the page drawn between its steps · the same reply "
+                "timed by the comparison with nothing drawn (the speedup's run)", "")] if timed else []),
         _row("steps", f'{stats["num_steps"]} (+ prefill, {stats["prefill_ms"]:.0f} ms)',
              "Target forwards after the prefill; each emits accepted drafts + 1 tokens."),
         _row("tokens", f'{stats["num_generated"]}' + (f" ({unshown})" if unshown else ""),
