@@ -204,6 +204,8 @@ class Comparison:
     speculative: Turn | None = None  # the speculative run timed (the race's first lane) ...
     speculative_trace: RunTrace | None = None  # ... and its steps and engine times
     round_s: float = 0.0  # the wall time of one round (both runs): what timing it again would cost
+    # each timed run's clause where a stop token the text leaves out ended it (Session.unshown_stop), or ""
+    unshown: tuple[str, str] = ("", "")
 
     @classmethod
     def of(cls, speculative: RunTrace, baseline: RunTrace, greedy: bool, identical: bool | None,

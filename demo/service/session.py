@@ -439,6 +439,7 @@ class Session:
         chat.comparing = False
         chat.comparison = Comparison.of(spec_trace, trace, greedy, identical, first, reply, width, one_row, speedups,
                                         spec_turn, round_s)
+        chat.comparison.unshown = (self.unshown_stop(spec_trace), self.unshown_stop(trace))
 
     def _done_status(self, chat: ChatState, clock: Deadline) -> str:
         trace = chat.trace

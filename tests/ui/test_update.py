@@ -23,7 +23,7 @@ def predictable():
     return tiny_session(predictable=True)
 
 
-def finished(session, monkeypatch, ending: str | None) -> dict:
+def finished(session, monkeypatch, ending: str | None, compare: bool = False) -> dict:
     """A reply of 6 tokens ("a" each) whose last is replaced by `ending`'s token and ended by it as a stop
     token (None: the budget ends it), drawn as the page draws a finished reply: {output: its text}."""
     generate = Engine.generate
@@ -37,10 +37,10 @@ def finished(session, monkeypatch, ending: str | None) -> dict:
         yield from events
 
     monkeypatch.setattr(Engine, "generate", ended)
-    update = list(session.generate(Request.of("hi", method="eagle", max_new_tokens=6)))[-1]
+    update = list(session.generate(Request.of("hi", method="eagle", max_new_tokens=6, compare=compare)))[-1]
     assert update.done and update.chat.trace.stats.num_generated == 6
     out, _ = streamed(PAGE, session, update, None, text=True)
-    return {name: shown(out[name]).text for name in ("status", "headline", "stats", "conversation")}
+    return {name: shown(out[name]).text for name in ("status", "headline", "stats", "conversation", "race")}
 
 
 def test_a_count_that_includes_a_hidden_end_of_turn_token_says_so_where_it_is_stated(predictable, monkeypatch):
@@ -51,6 +51,14 @@ def test_a_count_that_includes_a_hidden_end_of_turn_token_says_so_where_it_is_st
     for name in ("status", "headline"):
         assert f"= 6 tokens in " in page[name] and said in page[name], (name, page[name])
     assert f"tokens6 ({said})" in page["stats"], page["stats"]  # the tokens row: its count, then the clause
+
+
+def test_the_race_s_lanes_and_finish_say_where_a_hidden_end_of_turn_token_is_counted(predictable, monkeypatch):
+    end = SPECIALS[1]
+    race = finished(predictable, monkeypatch, end, compare=True)["race"]
+    said = f"the last token, {end}, ends the turn and is not shown"
+    assert race.count(f"6 tokens ({said})") == 2, race  # each lane's count
+    assert f"= 6 tokens in 2 target calls (+ the prefill); {said}" in race, race  # the finish's accounting
 
 
 @pytest.mark.parametrize("ending", [None, "a"])

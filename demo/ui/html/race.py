@@ -16,17 +16,19 @@ RACE_HINT = ("Tick “Compare with target-only” and generate: the race then re
              "side by side, each at its measured pace (engine time).")
 
 
-def render_runner(label: str, reply: Turn, trace: RunTrace, step: int, total_tokens: int) -> str:
+def render_runner(label: str, reply: Turn, trace: RunTrace, step: int, total_tokens: int, unshown: str = "") -> str:
     """One lane: its tokens so far (coloured by provenance), a bar of tokens out of the longer reply,
-    target calls so far, and when it finished."""
+    target calls so far, and when it finished; `unshown`: once finished, the clause saying its last
+    token counted is a stop token the text leaves out (Session.unshown_stop)."""
     shown = pieces_at(reply.pieces, step)
     calls = max(step, 0)  # decoding steps: the prefill aside, as every view counts them
     finished = step >= len(trace.points)
     end = f" · finished at {step_times(trace)[-1]:.2f} s" if finished else ""
+    count = f"{len(shown)} tokens" + (f" ({unshown})" if finished and unshown else "")
     width = 100 * len(shown) / total_tokens if total_tokens else 0
     state = "sl-lane-done" if finished else "sl-lane-running"
     return (f'<div class="sl-lane {state}"><div class="sl-lane-head"><b>{escape(label)}</b>'
-            f'<span class="sl-lane-count">{len(shown)} tokens · {calls} target calls (+ the prefill){end}</span></div>'
+            f'<span class="sl-lane-count">{escape(count)} · {calls} target calls (+ the prefill){end}</span></div>'
             f'<div class="sl-lane-bar"><div style="width:{width:.1f}%"></div></div>'
             f'<div class="sl-lane-text">{render_reply(shown)}</div></div>')
 
@@ -38,7 +40,8 @@ def render_race_summary(label: str, spec: RunTrace, comparison: Comparison) -> s
              "engine time</div>",
              f'<div class="sl-race-calls">{spec.stats.tokens_per_call:.2f} vs '
              f"{comparison.baseline_trace.stats.tokens_per_call:.2f} tokens per target call: "
-             f"{escape(spec.stats.accounting())}</div>"]
+             f"{escape(spec.stats.accounting())}"
+             f"{escape('; ' + comparison.unshown[0]) if comparison.unshown[0] else ''}</div>"]
     if comparison.identical is None:
         lines.append('<div class="sl-identity">T &gt; 0: two samples, each from the target\'s distribution; they '
                      "differ by design.</div>")
@@ -59,8 +62,9 @@ def render_race(label: str, reply: Turn, spec: RunTrace, baseline_reply: Turn, b
     speculative run's method; `slowdown`: wall seconds per engine second, said on the clock); the
     summary once both have finished and the comparison is known."""
     total = max(len(reply.pieces), len(baseline_reply.pieces))
-    lanes = (render_runner(label, reply, spec, steps[0], total) +
-             render_runner("target only", baseline_reply, baseline, steps[1], total))
+    unshown = comparison.unshown if comparison else ("", "")
+    lanes = (render_runner(label, reply, spec, steps[0], total, unshown[0]) +
+             render_runner("target only", baseline_reply, baseline, steps[1], total, unshown[1]))
     finished = steps[0] >= len(spec.points) and steps[1] >= len(baseline.points)
     summary = render_race_summary(label, spec, comparison) if finished and comparison else ""
     factor = f"{slowdown:.1f}" if slowdown < 10 else f"{slowdown:.0f}"
