@@ -96,3 +96,33 @@ def test_on_a_phone_the_headline_shows_on_the_first_screen_right_above_the_strea
     open_as_desktop(driver, app_url)  # a desktop already has it there
     headline, reply = (rect(driver, css(driver, s)[0]) for s in ("#sl-headline", "#sl-conversation"))
     assert headline["bottom"] <= reply["top"] and headline["bottom"] <= driver.execute_script("return innerHeight;")
+
+
+# The boxes of the legend's entries and of the "show rejected drafts" checkbox beside it.
+LEGEND_JS = """
+const box = e => { const r = e.getBoundingClientRect(); return {left: r.left, top: r.top, right: r.right, bottom: r.bottom,
+                                                                 text: e.innerText.trim().slice(0, 40)}; };
+const items = [...document.querySelectorAll('#sl-legend .sl-legend-item')].filter(e => e.offsetParent).map(box);
+return {items, toggle: box(document.querySelector('#sl-show-rejected label'))};
+"""
+
+
+def legend_overlaps(driver) -> list[str]:
+    """The legend entries the checkbox beside them covers, and any entry out of the page's width."""
+    found = driver.execute_script(LEGEND_JS)
+    t, width = found["toggle"], driver.execute_script("return document.documentElement.clientWidth;")
+    return [i["text"] for i in found["items"]
+            if (i["left"] < t["right"] and t["left"] < i["right"] and i["top"] < t["bottom"] and t["top"] < i["bottom"])
+            or i["right"] > width + 1] + (["the checkbox is out of the page"] if t["right"] > width + 1 else [])
+
+
+@pytest.mark.parametrize("width", [360, 390])
+def test_the_legend_and_its_checkbox_never_overlap_on_a_narrow_phone_or_a_desktop(app_url, driver, width):
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**PHONE, "width": width})
+    driver.get(app_url)
+    usable(driver, "#sl-prompt textarea")
+    wait_for(lambda: css(driver, "#sl-legend .sl-legend-item"), 30, "the legend")
+    assert legend_overlaps(driver) == []
+
+    open_as_desktop(driver, app_url)
+    assert legend_overlaps(driver) == []
