@@ -73,7 +73,7 @@ def main(argv=None) -> None:
         settings = AppSettings.from_env()
         args.preset = args.preset or settings.preset  # --preset wins over SPECLENS_PRESET
         session = build_session(args)
-        settings.check(session.methods(), session.name)
+        settings.check(session.methods(), session.name, session.max_context)
     except (LoadError, ValueError) as e:  # a bad setting, preset, path, hub id, device or dtype: one line, no traceback
         raise SystemExit(f"speclens: {e}") from None
     if zerogpu.active():  # no GPU is attached outside a spaces.GPU call

@@ -4,7 +4,8 @@ in its Settings -> Variables (app.py applies them; command-line flags win where 
     SPECLENS_PRESET          the preset the app starts with (demo/models/presets.py; default: the embedded one)
     SPECLENS_METHOD          the method the page offers first: none, ngram, eagle or eagle3 (default: EAGLE-3 if loaded)
     SPECLENS_K               k the page offers first, 1-10 (default: the device's fastest draft)
-    SPECLENS_MAX_NEW_TOKENS  max new tokens the page offers first, 1-2048 (default 128)
+    SPECLENS_MAX_NEW_TOKENS  max new tokens the page offers first, 1-2048 and at most what the model's
+                             context leaves a reply (1,920 of the default's 2,048) (default 128)
     SPECLENS_QUEUE_SIZE      events Gradio's queue holds, 1-1000 (default demo.service.hosting.QUEUE_MAX_SIZE)
 
 The /generate API keeps its documented defaults; these change the page only. A bad value stops the
@@ -19,7 +20,7 @@ from typing import Mapping
 
 from demo.methods import APP_MAX_SPEC_TOKENS, METHOD_LABELS, METHODS
 from demo.service.hosting import QUEUE_MAX_SIZE
-from demo.service.request import LIMITS
+from demo.service.request import LIMITS, most_new_tokens
 
 ENV = {"preset": "SPECLENS_PRESET", "method": "SPECLENS_METHOD", "k": "SPECLENS_K",
        "max_new_tokens": "SPECLENS_MAX_NEW_TOKENS", "queue_size": "SPECLENS_QUEUE_SIZE"}
@@ -64,10 +65,16 @@ class AppSettings:
                 values[field] = _whole(field, raw[field], lo, hi)
         return cls(**values)
 
-    def check(self, methods: list[str], model: str) -> None:
-        """The method must be one the loaded models have (methods: Session.methods())."""
+    def check(self, methods: list[str], model: str, max_context: int | None = None) -> None:
+        """The method must be one the loaded models have (methods: Session.methods()), and max new
+        tokens at most what the page offers on their context (most_new_tokens: the prompt shares it)."""
         if self.method is not None and self.method not in methods:
             raise _error("method", self.method, f"one {model} has loaded: " + ", ".join(methods))
+        if self.max_new_tokens is not None and max_context is not None:
+            most = most_new_tokens(max_context)
+            if self.max_new_tokens > most:
+                raise _error("max_new_tokens", str(self.max_new_tokens),
+                             f"at most {most} on {model}, whose {max_context}-token context also holds the prompt")
 
 
 def _whole(field: str, value: str, lo: int, hi: int) -> int:

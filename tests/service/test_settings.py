@@ -43,6 +43,13 @@ def test_a_method_the_models_lack_is_refused():
         AppSettings(method="eagle").check(["none", "eagle3"], "tiny")
 
 
+def test_max_new_tokens_past_what_the_models_context_leaves_a_reply_is_refused_naming_the_most():
+    AppSettings(max_new_tokens=1920).check(["none"], "tiny", 2048)
+    with pytest.raises(SettingsError, match=r"^SPECLENS_MAX_NEW_TOKENS='2000' is not allowed: at most 1920 on tiny, "
+                                            r"whose 2048-token context also holds the prompt\.$"):
+        AppSettings(max_new_tokens=2000).check(["none"], "tiny", 2048)
+
+
 def test_the_app_stops_at_start_with_the_line_before_loading_anything(monkeypatch):
     import app
 
