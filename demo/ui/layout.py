@@ -23,7 +23,10 @@ from demo.ui.update import figures_of
 
 
 def build_layout(session: Session, hosting: Hosting, defaults: AppSettings = AppSettings()) -> Controls:
-    """Two tabs: the chat page, and the Benchmark tab (demo/ui/bench_tab.py)."""
+    """Two tabs: the chat page, and the Benchmark tab (demo/ui/bench_tab.py); before them, the
+    keyboard's link to the prompt box."""
+    gr.HTML('<a class="sl-skip" href="#sl-prompt">Skip to the prompt</a>', elem_id="sl-skip",
+            js_on_load=read_asset("skip.js"))
     with gr.Tabs(elem_id="sl-tabs"):
         with gr.Tab("Chat", id="chat", elem_id="sl-tab-chat"):
             controls = build_chat_page(session, hosting, defaults)
