@@ -65,6 +65,27 @@ class _EngineThread:
 
 _THREAD = _EngineThread()
 os.register_at_fork(after_in_child=_THREAD.forget)
+_GIVEN = [0]  # jobs given to the engine thread and not yet ended (engine_busy)
+_GIVEN_LOCK = threading.Lock()
+
+
+def _given(future) -> None:
+    """Count a job given to the engine thread until its future is done."""
+    with _GIVEN_LOCK:
+        _GIVEN[0] += 1
+
+    def ended(_):
+        with _GIVEN_LOCK:
+            _GIVEN[0] -= 1
+
+    future.add_done_callback(ended)
+
+
+def engine_busy() -> bool:
+    """A job (a generation, a load, a warm-up) holds the engine thread or waits for it: a request now
+    waits its turn. What the page says while a reply waits."""
+    with _GIVEN_LOCK:
+        return _GIVEN[0] > 0
 
 _NEXT, _CLOSE = "next", "close"  # what a consumer asks of its job
 _VALUE, _END, _ERROR = "value", "end", "error"  # what the job answers
@@ -111,7 +132,9 @@ def run_on_engine_thread(fn: Callable[..., T], *args, **kwargs) -> T:
     the jobs before it, then for it; there, it is a call)."""
     if on_the_engine_thread():
         return fn(*args, **kwargs)
-    return _THREAD.started()[0].submit(fn, *args, **kwargs).result()
+    future = _THREAD.started()[0].submit(fn, *args, **kwargs)
+    _given(future)
+    return future.result()
 
 
 def on_engine_thread(steps: Iterator[T]) -> Iterator[T]:
@@ -122,7 +145,7 @@ def on_engine_thread(steps: Iterator[T]) -> Iterator[T]:
         yield from steps
         return
     job = _Job(steps)
-    _THREAD.started()[0].submit(job.run)
+    _given(_THREAD.started()[0].submit(job.run))
     try:
         while True:
             job.asks.put(_NEXT)

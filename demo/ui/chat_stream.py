@@ -17,7 +17,7 @@ import gradio as gr
 
 from demo.service import zerogpu
 from demo.service.chat import ChatState
-from demo.service.engine_thread import engine_thread_idle, on_engine_thread
+from demo.service.engine_thread import engine_busy, engine_thread_idle, on_engine_thread
 from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
 from demo.service.request import Request, RequestError
@@ -36,6 +36,7 @@ from demo.ui.update import chat_view, conversation_html, finished_race, streamed
 
 PROMPT_HINT = "Ask something, then press Generate or Shift+Enter (Enter starts a new line)"
 STILL_REPLYING = "A reply is still being generated: press Stop first, or wait for it to end."
+WAITING = "waiting for the engine: it answers one request at a time, and yours starts when those before it end…"
 
 
 def build_chat_column(k: int) -> dict:
@@ -112,7 +113,7 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
         # the engine or runs at a slow pace (when the headline moves only at its end)
         return {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
                 c.headline: render_headline(None), c.shown_step: None, c.guide: "",
-                c.race: render_race_hint(), c.status: status_html("starting…"),
+                c.race: render_race_hint(), c.status: status_html(WAITING if engine_busy() else "starting…"),
                 c.inspector: render_inspector(None, None, {})}
 
     def bot(values: dict) -> Iterator[dict]:
@@ -183,7 +184,8 @@ def register_stop(c: Controls, cache: ModelCache, runs: list) -> tuple:
         return {c.chat: chat, c.status: "", c.comparison: "", c.race: render_race_hint(),
                 c.inspector: render_inspector(None, None, {}), **chat_view(c, shown_session(cache, model), chat)}
 
-    engine = dict(concurrency_id=ENGINE, **PRIVATE)
+    # waiting for the engine, Gradio's tracker would put its queue ETA over the status and the text
+    engine = dict(concurrency_id=ENGINE, show_progress="hidden", **PRIVATE)
     stopped = c.stop.click(None, cancels=runs, **PRIVATE).then(
         after_engine(stop), inputs=[c.chat, c.model, c.status], outputs=[c.chat, c.status, c.race, *c.view], **engine)
     cleared = c.clear.click(None, cancels=runs, **PRIVATE).then(

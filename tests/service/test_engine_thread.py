@@ -179,3 +179,50 @@ def test_a_forked_process_starts_an_engine_thread_of_its_own():
     with fork.Pool(1) as pool:
         child = pool.apply_async(run_on_engine_thread, (sum, [1, 2, 3]))
         assert child.get(timeout=30) == 6
+
+
+def test_the_engine_is_busy_while_a_job_holds_it_or_waits_and_idle_after():
+    from demo.service.engine_thread import engine_busy
+
+    engine_thread_idle()
+    assert not engine_busy()
+    release = threading.Event()
+    holding = ThreadPoolExecutor(1).submit(run_on_engine_thread, release.wait, 30)
+    started = time.monotonic()
+    while not engine_busy() and time.monotonic() - started < 10:
+        time.sleep(0.01)
+    assert engine_busy()
+    generation = on_engine_thread(steps(2, []))
+    release.set()
+    assert list(generation) == [0, 1] and holding.result(timeout=10)
+    engine_thread_idle()
+    assert not engine_busy()
+
+
+def test_a_prompt_sent_while_the_engine_answers_another_says_it_waits_its_turn():
+    """The page's first half (no engine) tells the visitor that their reply waits for the engine,
+    where it said "starting…" for as long as another request ran."""
+    from demo.views import build_demo
+
+    session = tiny_session()
+    demo = build_demo(session)
+    user = next(f for f in demo.fns.values() if f.name == "user")
+    values = {block: getattr(block, "value", None) for block in user.inputs}
+    prompt = next(b for b in user.inputs if getattr(b, "elem_id", None) == "sl-prompt")
+    chat = next(b for b in user.inputs if b.__class__.__name__ == "State" and b.value is not None
+                and hasattr(b.value, "turns"))
+    status = next(b for b in user.outputs if getattr(b, "elem_id", None) == "sl-status")
+    values[prompt] = "hello"
+    values[chat] = type(chat.value)()
+    engine_thread_idle()
+    assert "starting" in user.fn(values)[status]
+    release = threading.Event()
+    holding = ThreadPoolExecutor(1).submit(run_on_engine_thread, release.wait, 30)
+    try:
+        started = time.monotonic()
+        while "waiting for the engine" not in (said := user.fn({**values, chat: type(chat.value)()})[status]):
+            assert time.monotonic() - started < 10, said
+            time.sleep(0.01)
+    finally:
+        release.set()
+        holding.result(timeout=10)
