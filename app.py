@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     except (LoadError, ValueError) as e:  # a bad setting, preset, path, hub id, device or dtype: one line, no traceback
         raise SystemExit(f"speclens: {e}") from None
     if zerogpu.active():  # no GPU is attached outside a spaces.GPU call
-        print(f"[speclens] ZeroGPU: eager mode only ({zerogpu.GRAPHS_OFF}); no warm-up at start", flush=True)
+        print(f"[speclens] ZeroGPU: {zerogpu.GRAPHS_PER_CALL}; no warm-up at start", flush=True)
     elif not args.no_warmup:
         modes = ("eager",) if session.cudagraph_unavailable() else ("eager", "cudagraph")
         print(f"[speclens] warm-up ({', '.join(modes)}): {session.warmup(modes):.1f} s", flush=True)

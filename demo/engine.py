@@ -142,9 +142,9 @@ class Engine:
         if proposer is not None:
             proposer.bind(self.target, self.max_context, self.drafter_dtype, self.drafter_int8)
 
-    def set_drafter(self, drafter) -> None:
-        """Swap a drafter's method's drafter (None: target-only), without reloading the target."""
-        self.set_proposer(drafter)
+    def release_graphs(self) -> None:
+        """Drop every shape's step buffers and graphs (the next generation captures anew): ZeroGPU's per call."""
+        self._buffers.clear()
 
     def describe(self) -> dict:
         return {"method": self.method, "mode": mode_label(self.mode, self.compile),

@@ -2,7 +2,7 @@
 
 - ``Models`` is one target with a drafter per method ("eagle", "eagle3"), loaded together. Engines
   are made on first use per (mode, method) and share the target (and its KV cache: one generation
-  at a time); a new drafter reaches its engines through ``Engine.set_drafter``, so the target is
+  at a time); a new drafter reaches its engines through ``Engine.set_proposer``, so the target is
   not reloaded.
 - ``ModelCache`` holds the loaded ``Models`` by preset name, shared read-only by every visitor of
   the app; a visitor's choice of preset only picks the entry its own requests use. Past a memory
@@ -24,6 +24,7 @@ from demo.drafters import DRAFTER_CLASSES
 from demo.engine import Engine
 from demo.methods import DRAFT_METHODS, METHOD_LABELS, REGISTRY, dtype_label
 from demo.proposers import proposer_for
+from demo.service import zerogpu
 from demo.service.engine_thread import run_on_engine_thread
 from demo.service.request import RequestError
 from demo.target import Target
@@ -155,6 +156,8 @@ class Models:
             self._engines[key] = Engine(self.target, proposer, mode=mode, max_context=self.max_context,
                                         drafter_dtype=drafter_dtype(self.target.dtype, self.target.device),
                                         drafter_int8=drafter_int8(self.target.dtype, self.target.device))
+            if zerogpu.active():  # its buffers and graphs live for one call of the GPU
+                zerogpu.per_call(self._engines[key])
         return self._engines[key]
 
     def describe(self) -> dict:

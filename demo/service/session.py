@@ -121,7 +121,7 @@ class Session:
 
     def switch(self, choice: ModelChoice, progress: Progress | None = None) -> list[str]:
         """Load `choice`. A new target comes with new engines and only the drafters `choice` names;
-        the same target stays loaded and only the named drafters change (Engine.set_drafter). On
+        the same target stays loaded and only the named drafters change (Engine.set_proposer). On
         any error the loaded models stay as they were. Returns the warnings to show. Loads on the
         engine thread."""
         return run_on_engine_thread(self._switch, choice, progress)
@@ -138,17 +138,16 @@ class Session:
     # ------------------------------------------------------------------ engines
     def cudagraph_unavailable(self) -> str | None:
         """Why CUDA-graph mode cannot run here, or None when it can."""
-        from demo.service import zerogpu
-
-        if zerogpu.active():
-            return zerogpu.GRAPHS_OFF
         if self.device.type != "cuda":
             return f"CUDA graphs need a CUDA GPU; this app runs on {self.device.type}"
         return None
 
     def default_mode(self) -> str:
-        """The mode the app offers first: graph mode where it runs (a dedicated GPU), else eager."""
-        return "eager" if self.cudagraph_unavailable() else "cudagraph"
+        """The mode the app offers first: graph mode on a dedicated GPU; eager on a CPU and on ZeroGPU,
+        where each request would first capture its graphs (offered, with the cost said)."""
+        from demo.service import zerogpu
+
+        return "eager" if self.cudagraph_unavailable() or zerogpu.active() else "cudagraph"
 
     def default_draft(self, temperature=0.0, method: str = DEFAULT_METHOD) -> tuple[int, TreeShape | None]:
         """(k, tree) the app offers first here for `method` (one not in the registry: the default's):
@@ -261,6 +260,7 @@ class Session:
         engine = self.engine(request.method, request.mode)
         gen, k = request.engine_config(), request.k
         clock = Deadline(request.time_limit_s)
+        captured_s = engine.capture_s
         if request.mode == "cudagraph":  # capture now, visibly, rather than silently inside the first step
             yield Update(chat, f"capturing CUDA graphs for k = {k} (once per draft shape and drafter)…")
             shapes = {request.shape}
@@ -268,8 +268,10 @@ class Session:
                 shapes.add(DraftShape(0))
                 if gen.temperature <= 0:
                     shapes.add(DraftShape(0, pad=reference_width(gen, engine) - 1))
-            for shape in shapes:
-                engine.prepare(shape, sampled=gen.temperature > 0)
+            for shape in shapes:  # the attend buckets this request reaches, no more (as Engine.generate bounds them)
+                engine.prepare(shape, len(ids) + gen.max_new_tokens + shape.width + shape.reach,
+                               sampled=gen.temperature > 0)
+        captured_s = engine.capture_s - captured_s
         turn = Turn("assistant", "", label=self._label(request), state="streaming")
         chat.turns.append(turn)
         chat.trace = RunTrace(request.method, request.mode, k, AcceptanceStats(request.shape.reach),
@@ -283,6 +285,8 @@ class Session:
             yield Update(chat, f"generating: step {event.step}, {len(turn.pieces)} tokens")
         self._finish(decoder, turn)
         status = self._done_status(chat, clock)
+        if captured_s > 0:  # on ZeroGPU every request; on a dedicated GPU the first of a shape after warm-up
+            status += f"; CUDA graphs captured for this request in {captured_s:.2f} s, before its first step"
         if request.compare and k:
             compared = yield from self._compare(chat, ids, engine, gen, clock)
             if compared is False:

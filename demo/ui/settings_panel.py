@@ -12,6 +12,7 @@ import gradio as gr
 from demo.config import MAX_DRAFT_TOKENS, MAX_LOOKUP, MAX_TREE_TOPK, DraftShape, Rule, TreeShape
 
 from demo.methods import DEFAULT_METHOD, METHOD_LABELS, MODE_LABELS, REGISTRY, default_tree
+from demo.service import zerogpu
 from demo.service.model_cache import RANDOM_INIT
 from demo.service.request import DEFAULT_REQUEST, LIMITS, NO_COMPARISON, RequestError, check_number, most_new_tokens
 from demo.service.session import Session
@@ -98,6 +99,7 @@ def build_settings(session: Session, defaults: AppSettings) -> dict:
     mode = gr.Radio([(label, mode) for mode, label in MODE_LABELS.items()], value=session.default_mode(), label="Mode",
                     interactive=unavailable is None, elem_id="sl-mode",
                     info=f"CUDA graph unavailable: {unavailable}." if unavailable else
+                    f"CUDA graph: {zerogpu.GRAPHS_PER_CALL}." if zerogpu.active() else
                     "CUDA graph: each step replays graphs captured before the first request.")
     k, tree = session.default_draft()
     lo, hi = LIMITS["num_spec_tokens"]

@@ -78,7 +78,7 @@ def test_drafter_swap_keeps_output_identical():
     target = Target(hf)
     engine = Engine(target, tiny_drafter("eagle", target), max_context=128)
     first, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
-    engine.set_drafter(tiny_drafter("eagle3", target, draft_vocab_size=128))
+    engine.set_proposer(tiny_drafter("eagle3", target, draft_vocab_size=128))
     second, _ = run(engine, PROMPT, max_new_tokens=16, num_spec_tokens=3)
     assert first == second == hf_greedy(hf, PROMPT, 16)
 

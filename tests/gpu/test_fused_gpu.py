@@ -77,7 +77,7 @@ def test_a_compiled_fused_forward_gives_eagers_logits_and_cache_bit_for_bit_on_a
 @pytest.mark.parametrize("tree", [None, TreeShape(3, 10)], ids=["chain", "tree"])
 def test_triton_kernels_keep_graph_mode_token_identical_to_eager_and_a_fused_chain_compiled_too(tree, kernels):
     hf = tiny_hf("llama", **HEADS_OF_32).to("cuda", torch.bfloat16)
-    target = Target(hf, kernels=kernels)  # the drafter attends as its target (Engine.set_drafter)
+    target = Target(hf, kernels=kernels)  # the drafter attends as its target (Engine.set_proposer)
     drafter = tiny_drafter("eagle3", target, draft_vocab_size=128)
     outs = []
     # compiling every phase changes the rounding of PyTorch's layers and the drafter (the text may move

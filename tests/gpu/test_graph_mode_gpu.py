@@ -185,7 +185,7 @@ def test_drafter_swaps_in_graph_mode_recapture_and_stay_lossless():
     engine = Engine(target, tiny_drafter("eagle", target), mode="cudagraph", max_context=128)
     for drafter in (tiny_drafter("eagle3", target, draft_vocab_size=128), tiny_drafter("eagle", target, seed=4)):
         assert reply_tokens(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, stop_token_ids=()) == ref
-        engine.set_drafter(drafter)  # drops the old graphs; the next request captures anew
+        engine.set_proposer(drafter)  # drops the old graphs; the next request captures anew
     assert reply_tokens(engine, PROMPT, max_new_tokens=24, num_spec_tokens=3, stop_token_ids=()) == ref
 
 
