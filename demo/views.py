@@ -15,7 +15,7 @@ from demo.service.hosting import Hosting
 from demo.service.model_cache import ModelCache
 from demo.service.session import Session
 from demo.service.settings import AppSettings
-from demo.ui import (api, bench_tab, chat_stream, inspect_panel, models_panel, playback, sessions, settings_panel,
+from demo.ui import (api, bench_tab, chat_stream, inspect_panel, models_panel, page_memory, playback, settings_panel,
                      trace_download)
 from demo.ui.controls import Controls
 from demo.ui.events import PRIVATE
@@ -48,5 +48,5 @@ def build_demo(session: Session, hosting: Hosting = Hosting(), cache: ModelCache
         api.register(cache, hosting)
         demo.load(None, js=settings_panel.CLOSE_SETTINGS_ON_PHONES_JS, **PRIVATE)
         if hosting.public:
-            sessions.forget_on_leave(demo)
+            page_memory.forget_on_leave(demo)
     return demo

@@ -415,7 +415,9 @@ class Session:
             rounds.append((runs["spec"], runs["base"]))
             if len(rounds) == 1:
                 round_s = time.perf_counter() - start
-                if round_s * COMPARE_ROUNDS <= COMPARE_BUDGET_S:
+                left = clock.left()  # and within the request's time limit, so no third round is cut short
+                more = round_s * (COMPARE_ROUNDS - 1)
+                if round_s * COMPARE_ROUNDS <= COMPARE_BUDGET_S and (left is None or more < left):
                     wanted = COMPARE_ROUNDS  # cheap enough: time them twice more, for the median and a range
         speedups = [s[1].stats.tokens_per_s / b[1].stats.tokens_per_s if b[1].stats.tokens_per_s else 0.0
                      for s, b in rounds]

@@ -226,6 +226,19 @@ def test_a_comparison_that_fits_its_budget_is_timed_three_times_and_its_median_r
     assert cmp.speculative_tokens_per_s / cmp.baseline_tokens_per_s == pytest.approx(cmp.speedup)
 
 
+def test_a_comparison_is_timed_once_where_three_rounds_would_not_fit_the_requests_time_limit(session, monkeypatch):
+    import demo.service.session as service
+
+    ticks = iter(range(0, 10_000, 10))  # the comparison's own clock: a round "takes" 10 s
+    monkeypatch.setattr(service, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setattr(service, "COMPARE_BUDGET_S", 1e9)
+    limited = Request.of("time me", method="eagle3", max_new_tokens=12, compare=True)
+    limited.time_limit_s = 15.0  # two more 10 s rounds would not fit what is left of it
+    assert len(list(session.generate(limited))[-1].chat.comparison.speedups) == 1
+    unlimited = Request.of("time me", method="eagle3", max_new_tokens=12, compare=True)
+    assert len(list(session.generate(unlimited))[-1].chat.comparison.speedups) == 3
+
+
 def test_compare_does_not_run_for_target_only_and_the_status_says_why(session):
     final = list(session.generate(Request.of("hi", method="none", max_new_tokens=8, compare=True)))[-1]
     assert final.done and final.chat.comparison is None  # no 0.75x "lossless" of the target against itself
