@@ -9,6 +9,11 @@ error, its tokens, its tokens/s of engine time and its tokens per target call; t
 defaults (no setting given) over a few prompts, and the bytes one reply of --long-tokens streams,
 counted on the wire (the raw server-sent events of /gradio_api/call/generate). Needs gradio_client
 and httpx (the app's own requirements).
+
+With --engine, on the machine the app runs on (with the app idle meanwhile), this process then loads
+the app's default models itself and runs the engine's own loop (Engine.generate, as the bench does)
+over the same prompts in the same mode and draft shape, and prints the served tokens/s beside it:
+the share of the engine's speed a visitor gets (issue: at least 90 %).
 """
 
 from __future__ import annotations
@@ -48,7 +53,9 @@ def shapes(device_k: int, device_tree: tuple[int, int]) -> list[tuple[str, dict]
             *[(f"{METHOD_LABELS[m]} chain of 3", dict(method=m, num_spec_tokens=3, tree_topk=0, num_draft_tokens=0))
               for m in METHODS if m != "none"],
             (f"{label} tree {device_k} x {topk}, {verified}",
-             dict(method=main, num_spec_tokens=device_k, tree_topk=topk, num_draft_tokens=verified)),
+             dict(method=main, num_spec_tokens=device_k, tree_topk=topk, num_draft_tokens=verified))
+            if device_k is not None else  # /generate's shape left out: the device's default draft
+            (f"{label}, the device's default draft", dict(method=main)),
             (f"{label} chain of 3, T = 0.8", dict(method=main, num_spec_tokens=3, tree_topk=0, temperature=0.8))]
 
 
@@ -118,13 +125,50 @@ def probe(url: str, max_new_tokens: int = 256, long_tokens: int = 512, modes: tu
     return "\n".join(lines)
 
 
+def engine_loop(prompts: tuple[str, ...], max_new_tokens: int, mode: str) -> tuple[float, str]:
+    """(tokens/s of engine time, the draft) of the app's default models (loaded here) over `prompts`
+    with the device's default draft at T = 0 (what /generate runs with its shape left out), each
+    through Engine.generate alone, the shape captured before it is timed."""
+    from demo.config import GenerationConfig
+    from demo.methods import DEFAULT_METHOD
+    from demo.service.model_cache import preset_choice
+    from demo.service.request import Request
+    from demo.service.session import Session
+
+    session = Session.load(preset_choice(None))
+    engine = session.engine(DEFAULT_METHOD, mode)
+    k, tree = session.default_draft()
+    tokens = seconds = 0.0
+    for i, prompt in enumerate((prompts[0], *prompts)):  # the first: the capture and warm-up, not counted
+        ids = session.check(Request.of(prompt, method=DEFAULT_METHOD, mode=mode))
+        gen = GenerationConfig(max_new_tokens=max_new_tokens if i else 16, num_spec_tokens=k, tree=tree)
+        last = list(engine.generate(ids, gen))[-1]
+        if i:
+            tokens, seconds = tokens + last.stats.num_generated, seconds + last.stats.elapsed_s
+    return (tokens / seconds if seconds else 0.0), f"k {k}, {tree}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m demo.bench.served", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860/")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--long-tokens", type=int, default=512, help="max new tokens of the reply whose bytes are counted")
+    p.add_argument("--engine", action="store_true", help="then the engine's own loop over the same prompts and shape")
     a = p.parse_args(argv)
-    print(probe(a.url.rstrip("/") + "/", a.max_new_tokens, a.long_tokens))
+    url = a.url.rstrip("/") + "/"
+    print(probe(url, a.max_new_tokens, a.long_tokens))
+    if a.engine:
+        from gradio_client import Client
+
+        client = Client(url, verbose=False)
+        mode = next(q.get("parameter_default") for q in client.view_api(return_format="dict", print_info=False)
+                    ["named_endpoints"]["/generate"]["parameters"] if q["parameter_name"] == "mode")
+        rows = [call(client, prompt, a.max_new_tokens) for prompt in PROMPTS]  # the defaults, served, again
+        served = sum(r.tokens for r in rows) / sum(r.tokens / r.tokens_per_s for r in rows if r.tokens_per_s)
+        loop, draft = engine_loop(PROMPTS, a.max_new_tokens, mode)
+        print(f"\nthe defaults ({mode}, {draft}) over {len(PROMPTS)} prompts, {a.max_new_tokens} new tokens at most: "
+              f"served {served:.1f} tokens/s of engine time, the engine's own loop {loop:.1f}: "
+              f"{served / loop if loop else 0:.0%} of it")
     return 0
 
 
