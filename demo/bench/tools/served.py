@@ -10,6 +10,12 @@ defaults (no setting given) over a few prompts, and the bytes one reply of --lon
 counted on the wire (the raw server-sent events of /gradio_api/call/generate). Needs gradio_client
 and httpx (the app's own requirements).
 
+With --start-app the tool starts `python app.py` itself on a free port (and stops it after); with
+--switch-interval S as well, the app's Python hands its GIL between threads every S seconds
+(sys.setswitchinterval, set by a sitecustomize this tool puts first on the app's path; Python's own
+is 0.005): whether the engine thread waiting for the GIL while the server's threads render and send
+each step is what slows the served path.
+
 With --engine, on the machine the app runs on (with the app idle meanwhile), this process then loads
 the app's default models itself and runs the engine's own loop (Engine.generate, as the bench does)
 over the same prompts in the same mode and draft shape, and prints the served tokens/s beside it:
@@ -148,13 +154,64 @@ def engine_loop(prompts: tuple[str, ...], max_new_tokens: int, mode: str) -> tup
     return (tokens / seconds if seconds else 0.0), f"k {k}, {tree}"
 
 
+def start_app(switch_interval: float | None, timeout: float = 600.0):
+    """`python app.py` on a free port (see the module's docstring); returns (process, url, log path)."""
+    import os
+    import socket
+    import subprocess
+    import tempfile
+    import urllib.request
+    from pathlib import Path
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    if switch_interval is not None:
+        site = Path(tempfile.mkdtemp(prefix="served-site-"))
+        (site / "sitecustomize.py").write_text(f"import sys\nsys.setswitchinterval({switch_interval!r})\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    root = Path(__file__).resolve().parents[3]
+    log = Path(tempfile.mkstemp(prefix="served-app-", suffix=".log")[1])
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=root, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+    url, deadline = f"http://127.0.0.1:{port}/", time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return proc, url, log
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"app.py did not start: {log.read_text()[-2000:]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m demo.bench.served", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:7860/")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--long-tokens", type=int, default=512, help="max new tokens of the reply whose bytes are counted")
     p.add_argument("--engine", action="store_true", help="then the engine's own loop over the same prompts and shape")
+    p.add_argument("--start-app", action="store_true", help="start python app.py on a free port (instead of --url)")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="with --start-app: the app's sys.setswitchinterval (Python's: 0.005)")
     a = p.parse_args(argv)
+    app = None
+    if a.start_app:
+        app, a.url, log = start_app(a.switch_interval)
+        print(f"started app.py at {a.url} (switch interval {a.switch_interval or 'default'}; log {log})",
+              file=sys.stderr)
+    try:
+        return report(a)
+    finally:
+        if app is not None:
+            app.terminate()
+            app.wait(30)
+
+
+def report(a: argparse.Namespace) -> int:
     url = a.url.rstrip("/") + "/"
     print(probe(url, a.max_new_tokens, a.long_tokens))
     if a.engine:
