@@ -96,8 +96,9 @@ def stopped_status(chat: ChatState, running: bool, comparing: bool, status: str 
 def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
     """Generate and Shift+Enter; returns their reply events (user, then bot)."""
 
-    def user(values: dict):
-        """Fast first half: check the request and show the user's turn (no engine call)."""
+    def user(values: dict) -> Iterator[dict]:
+        """Fast first half: check the request and show the user's turn (no engine call). A refusal is
+        said in the status line as well as in its toast, so no earlier status stands beside it."""
         try:
             if values[c.chat].replying:
                 raise RequestError(STILL_REPLYING)
@@ -108,10 +109,11 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
             values[c.chat].next_playback()  # a replay, race or step shown of the last reply stops
             chat = session.add_user_turn(values[c.chat], request)
         except RequestError as e:
+            yield {c.status: status_html(f"not sent: {e}", "error")}
             raise gr.Error(str(e), print_exception=False) from None
         # the last reply's speedup never stands beside the new prompt, even while the reply waits for
         # the engine or runs at a slow pace (when the headline moves only at its end)
-        return {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
+        yield {c.chat: chat, c.conversation: conversation_html(session, chat), c.prompt: "", c.comparison: "",
                 c.headline: render_headline(None), c.shown_step: None, c.guide: "",
                 c.race: render_race_hint(), c.status: status_html(WAITING if engine_busy() else "starting…"),
                 c.inspector: render_inspector(None, None, {})}
@@ -144,6 +146,7 @@ def register(c: Controls, cache: ModelCache, hosting: Hosting) -> list:
                 out, on_page = streamed(c, session, update, on_page, text=streaming and not paced, figures=figures)
                 yield out
         except RequestError as e:
+            yield {c.status: status_html(f"stopped: {e}", "error")}
             raise gr.Error(str(e), print_exception=False) from None
 
     # Neither half shows progress on its outputs: a refusal is the toast alone, since a status tracker

@@ -181,6 +181,24 @@ def test_a_forked_process_starts_an_engine_thread_of_its_own():
         assert child.get(timeout=30) == 6
 
 
+def test_a_refused_prompt_is_said_in_the_status_line_too_so_no_earlier_status_stands_beside_it():
+    import gradio as gr
+
+    from demo.views import build_demo
+
+    demo = build_demo(tiny_session())
+    user = next(f for f in demo.fns.values() if f.name == "user")
+    values = {block: getattr(block, "value", None) for block in user.inputs}
+    chat = next(b for b in user.inputs if b.__class__.__name__ == "State" and hasattr(b.value, "turns"))
+    status = next(b for b in user.outputs if getattr(b, "elem_id", None) == "sl-status")
+    values[chat] = type(chat.value)()
+    said = user.fn(values)  # an empty prompt
+    first = next(said)
+    assert set(first) == {status} and "sl-status-error" in first[status] and "The prompt is empty" in first[status]
+    with pytest.raises(gr.Error, match="The prompt is empty"):  # and its toast
+        next(said)
+
+
 def test_the_engine_is_busy_while_a_job_holds_it_or_waits_and_idle_after():
     from demo.service.engine_thread import engine_busy
 
@@ -215,12 +233,12 @@ def test_a_prompt_sent_while_the_engine_answers_another_says_it_waits_its_turn()
     values[prompt] = "hello"
     values[chat] = type(chat.value)()
     engine_thread_idle()
-    assert "starting" in user.fn(values)[status]
+    assert "starting" in list(user.fn(values))[-1][status]
     release = threading.Event()
     holding = ThreadPoolExecutor(1).submit(run_on_engine_thread, release.wait, 30)
     try:
         started = time.monotonic()
-        while "waiting for the engine" not in (said := user.fn({**values, chat: type(chat.value)()})[status]):
+        while "waiting for the engine" not in (said := list(user.fn({**values, chat: type(chat.value)()}))[-1][status]):
             assert time.monotonic() - started < 10, said
             time.sleep(0.01)
     finally:

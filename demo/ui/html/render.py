@@ -221,7 +221,7 @@ def render_comparison(speedup: float, spec_tps: float, base_tps: float, identica
 
 
 def status_html(text: str, kind: str = "info") -> str:
-    """A status line: kind "info" while something runs, "done" after it."""
+    """A status line: kind "info" while something runs, "done" after it, "error" for a refusal."""
     return f'<div class="sl-status-{kind}">{escape(text)}</div>' if text else ""
 
 
