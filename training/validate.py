@@ -288,7 +288,7 @@ def main(argv=None) -> dict:
     total_runs = len(drafters) * len(args.temperatures) * len(args.ks) * len(prompts)
     bar = tqdm(total=total_runs, desc="validate", unit="gen", disable=not args.progress, dynamic_ncols=True)
     for spec, drafter in drafters:
-        engine.set_drafter(drafter)
+        engine.set_proposer(drafter)
         name = f"{drafter.cfg.method} ({Path(spec).name})"
         for temperature in args.temperatures:
             for k in args.ks:
