@@ -1,61 +1,34 @@
 """ZeroGPU's lifecycle on a GPU (demo/service/zerogpu.py), through a stand-in as faithful as one process
-allows: a `spaces` package whose GPU decorator gives every weight new device memory as a call begins
-(ZeroGPU moves the models onto the GPU it attaches for the call) and frees the cached memory as it
-ends. The handler is the page's (Session.generate inside zerogpu.on_gpu). In every call graph mode
-captures anew inside the call, says what that cost, gives eager's tokens, and leaves no buffer or
-graph behind. What it costs against eager on the default target: python -m demo.bench.tools.zerogpu.
+allows (demo.bench.tools.zerogpu.stand_in): a `spaces` package whose GPU decorator gives every weight
+new device memory as a call begins (ZeroGPU moves the models onto the GPU it attaches for the call)
+and frees the cached memory as it ends. The handler is the page's (Session.generate inside
+zerogpu.on_gpu). In every call graph mode captures anew inside the call, says what that cost, gives
+eager's tokens, and leaves no buffer or graph behind. What it costs against eager on the default target: python -m demo.bench.tools.zerogpu.
 
 CUDA only (skipped without a CUDA device)."""
 
 import sys
-import types
 
 import pytest
 import torch
 
+from demo.bench.tools.zerogpu import stand_in
 from demo.config import TreeShape
 from demo.service import zerogpu
 from demo.service.model_cache import Models
 from demo.service.request import Request
 from demo.service.session import Session
+from demo.target import Target
 from tests.tiny import tiny_drafter, tiny_target
 from tests.tiny_chat import byte_tokenizer
 
 pytestmark = pytest.mark.cuda
 
 
-def stand_in(modules: list[torch.nn.Module]) -> types.ModuleType:
-    """A ZeroGPU `spaces`: each call's weights in fresh GPU memory, the cache emptied after it."""
-    spaces = types.ModuleType("spaces")
-    spaces.config = types.SimpleNamespace(Config=types.SimpleNamespace(zero_gpu=True))
-    spaces.calls = 0
-
-    def GPU(duration=None):
-        def decorate(fn):
-            def call(*args, **kwargs):
-                spaces.calls += 1
-                with torch.no_grad():
-                    for module in modules:
-                        for p in module.parameters():
-                            p.data = p.data.clone()  # the models moved onto the GPU this call attaches
-                try:
-                    yield from fn(*args, **kwargs)
-                finally:
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
-            return call
-        return decorate
-
-    spaces.GPU = GPU
-    return spaces
-
-
 @pytest.mark.parametrize("k, tree", [(3, None), (4, TreeShape(2, 8))], ids=["chain3", "tree4x2-8"])
 def test_graph_mode_captured_inside_each_zerogpu_call_gives_eager_tokens_and_leaves_nothing(monkeypatch, k, tree):
-    hf, target = tiny_target("llama", vocab_size=258, max_position_embeddings=512)
+    hf, _ = tiny_target("llama", vocab_size=258, max_position_embeddings=512)
     hf.to("cuda")
-    from demo.target import Target
-
     target = Target(hf)
     drafter = tiny_drafter("eagle3", target)
     spaces = stand_in([hf, drafter])

@@ -29,10 +29,12 @@ def stand_in(modules) -> types.ModuleType:
 
     spaces = types.ModuleType("spaces")
     spaces.config = types.SimpleNamespace(Config=types.SimpleNamespace(zero_gpu=True))
+    spaces.calls = 0  # calls made so far
 
     def GPU(duration=None):
         def decorate(fn):
             def call(*args, **kwargs):
+                spaces.calls += 1
                 with torch.no_grad():
                     for module in modules:
                         for p in module.parameters():
