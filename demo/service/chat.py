@@ -181,6 +181,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+COMPARE_ROUNDS = 3  # the timings a comparison takes where they fit (demo/service/session.py)
+
+
 @dataclass
 class Comparison:
     """Speculative run vs the same prompt target-only, in the same mode, both timed with nothing drawn

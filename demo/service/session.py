@@ -22,6 +22,7 @@ from demo.step_result import StepEvent
 from demo.metrics import AcceptanceStats
 from demo.models.prompts import chat_ids
 from demo.service.chat import (
+    COMPARE_ROUNDS,
     ChatState,
     Comparison,
     IncrementalDecoder,
@@ -39,10 +40,9 @@ from demo.service.model_cache import RANDOM_INIT, ModelCache, ModelChoice, Model
 from demo.service.request import MAX_CHARS_PER_TOKEN, NO_COMPARISON, Request, RequestError, check_values
 
 # "Compare with target-only" times both runs again with nothing drawn, in COMPARE_ROUNDS rounds where
-# they fit in COMPARE_BUDGET_S together (a GPU's take a second; a CPU's 128-token default about 30 s),
-# so the speedup is a median with its range: one timing on a 2-core CPU ranged 0.9-2.2x. A longer
-# reply is timed once, and the page says so (Comparison.round_s).
-COMPARE_ROUNDS = 3
+# they fit in COMPARE_BUDGET_S together (a GPU's replies, and a CPU's short ones), so the speedup is a
+# median with its range: one timing on a 2-core CPU gave 0.9 to 2.2x for one prompt. A longer reply
+# is timed once, and the page says so (Comparison.round_s).
 COMPARE_BUDGET_S = 60.0
 DRAFT_TEXTS_KEPT = 8192  # rejected drafts' texts kept per Models (a 2,048-token reply has at most 2,048)
 
@@ -392,6 +392,9 @@ class Session:
         chat.comparing = True
         yield Update(chat, "comparing: the same prompt target-only, and both runs again without drawing the page…")
         spec_reply = chat.turns[-1]
+        record = {"spec": lambda: self._record(chat, engine, ids, gen, chat.trace.method, spec_reply.label, clock),
+                  "base": lambda: self._record(chat, engine, ids, replace(gen, num_spec_tokens=0), "none",
+                                               "target only", clock)}
         rounds, start, wanted, round_s = [], time.perf_counter(), 1, 0.0
         while len(rounds) < wanted:
             if rounds:
@@ -400,10 +403,7 @@ class Session:
             order = ("spec", "base") if len(rounds) % 2 == 0 else ("base", "spec")
             runs = {}
             for which in order:
-                runs[which] = (self._record(chat, engine, ids, gen, chat.trace.method, spec_reply.label, clock)
-                               if which == "spec" else
-                               self._record(chat, engine, ids, replace(gen, num_spec_tokens=0), "none", "target only",
-                                            clock))
+                runs[which] = record[which]()
                 if runs[which] is None:
                     break
             if None in runs.values() and chat.comparing and clock.expired() and rounds:

@@ -58,7 +58,14 @@ def per_call(holder) -> None:
 
 
 def release_graphs() -> None:
-    """Every registered holder's graphs released (the next graph-mode request captures anew)."""
+    """Every registered holder's graphs released (the next graph-mode request captures anew), on the
+    engine thread: after the job that used them has ended, never beside one."""
+    from demo.service.engine_thread import run_on_engine_thread
+
+    run_on_engine_thread(_release_all)
+
+
+def _release_all() -> None:
     for holder in list(_PER_CALL):
         holder.release_graphs()
     import torch

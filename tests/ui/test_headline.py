@@ -61,7 +61,7 @@ def test_a_reply_timed_once_says_so_and_what_three_timings_would_have_cost():
     cmp = comparison(speedups=(0.91,))
     cmp.round_s = 30.0
     text = text_of(render_headline(run(), cmp))
-    assert "0.91×" in text and "one timing" in text and "about 90 s" in text and "rough" in text
+    assert "0.91×" in text and "one timing: 3 would take about 90 s" in text and "rough" in text
     assert "over 1 timings" not in text and "median" not in text
 
 

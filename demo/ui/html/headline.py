@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from demo.service.chat import Comparison, RunTrace
+from demo.service.chat import COMPARE_ROUNDS, Comparison, RunTrace
 from demo.ui.html.render import escape
 
 
@@ -69,8 +69,8 @@ def speedup_range(comparison: Comparison) -> str:
     if n > 1:
         text += f" (median; {min(comparison.speedups):.2f}–{max(comparison.speedups):.2f} over {n} timings)"
     elif n == 1 and comparison.round_s:
-        text += (f" (one timing: three would take about {3 * comparison.round_s:.0f} s; timings vary from run to "
-                 "run, so read it as rough)")
+        text += (f" (one timing: {COMPARE_ROUNDS} would take about {COMPARE_ROUNDS * comparison.round_s:.0f} s; "
+                 "timings vary from run to run, so read it as rough)")
     return text
 
 
